@@ -1,0 +1,43 @@
+# The two commands the README names: `make demo` (the main job) and `make test`.
+# Both create .venv on first use, install the engine build that fits the machine,
+# build the embedded demo checkpoints once (cached outside the repo, keyed by recipe)
+# and are quick on a rerun.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# CPU build where there is no CUDA driver, GPU build otherwise.
+BUILD ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
+EXTRAS := $(BUILD),train,dev
+STAMP := $(VENV)/.installed-$(BUILD)-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+export IDLM_DEMO_DIR ?= $(HOME)/.cache/vllm-idlm/demo
+
+.PHONY: venv demo-models demo test lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	# PyPI's torchvision/torchaudio/torchcodec do not load beside the CPU torch and
+	# break transformers' model imports; nothing here needs them.
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo-models: venv
+	$(BIN)/idlm-train demo --out $(IDLM_DEMO_DIR)
+
+demo: demo-models
+	$(BIN)/python examples/demo.py --models $(IDLM_DEMO_DIR)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint demo-models
+	$(BIN)/pytest -q tests
+
+clean:
+	rm -rf $(VENV)
