@@ -1,0 +1,154 @@
+"""Gated LoRA: add a LoRA delta on the gated rows only, after the base layer has run.
+
+``y[rows] += scale * (x[rows] @ lora_a.T) @ lora_b.T``, in place on ``y``. Rows outside ``rows`` are
+never written, so with the gate closed (``rows`` empty) the layer output is bit-identical to the base
+layer's (ISD.md section 4: never multiply a delta by a zero gate, never fold it into the base GEMM).
+
+Packed layers (vLLM's ``qkv_proj``, ``gate_up_proj``) pass one ``(lora_a, lora_b)`` pair per output slice
+and ``output_slices``, the slice widths along ``y``'s last dim; each slice may have its own rank.
+``rows`` holds distinct row indices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+LoraWeights = Tensor | Sequence[Tensor]
+
+
+class LoraSlice(NamedTuple):
+    lora_a: Tensor  # [r, in]
+    lora_b: Tensor  # [out_slice, r]
+    offset: int  # first column of the slice in y
+    size: int  # out_slice
+
+
+def lora_slices(
+    y: Tensor,
+    x: Tensor,
+    lora_a: LoraWeights,
+    lora_b: LoraWeights,
+    output_slices: Sequence[int] | None,
+) -> list[LoraSlice]:
+    """Validate shapes and split a (possibly packed) adapter into per-slice pairs."""
+    if y.ndim != 2 or x.ndim != 2 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"y {tuple(y.shape)} and x {tuple(x.shape)} must be [T, out] and [T, in]")
+    a_list = [lora_a] if isinstance(lora_a, Tensor) else list(lora_a)
+    b_list = [lora_b] if isinstance(lora_b, Tensor) else list(lora_b)
+    sizes = [y.shape[1]] if output_slices is None else [int(s) for s in output_slices]
+    if not (len(a_list) == len(b_list) == len(sizes)):
+        raise ValueError(
+            f"{len(a_list)} lora_a, {len(b_list)} lora_b and {len(sizes)} output slices differ"
+        )
+    if sum(sizes) != y.shape[1]:
+        raise ValueError(f"output_slices {sizes} sum to {sum(sizes)}, y has {y.shape[1]} columns")
+    slices, offset = [], 0
+    for a, b, size in zip(a_list, b_list, sizes, strict=True):
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != x.shape[1] or b.shape != (size, a.shape[0]):
+            raise ValueError(
+                f"lora_a {tuple(a.shape)} / lora_b {tuple(b.shape)} do not fit "
+                f"in={x.shape[1]}, slice={size}"
+            )
+        slices.append(LoraSlice(a, b, offset, size))
+        offset += size
+    return slices
+
+
+def gated_lora_ref(
+    y: Tensor,
+    x: Tensor,
+    lora_a: LoraWeights,
+    lora_b: LoraWeights,
+    rows: Tensor,
+    scale: float,
+    output_slices: Sequence[int] | None = None,
+) -> Tensor:
+    """Reference and CPU path: matmuls in the inputs' dtype, then ``index_add_`` on the gated rows."""
+    if rows.numel() == 0:
+        return y
+    x_rows = x[rows]
+    for s in lora_slices(y, x, lora_a, lora_b, output_slices):
+        delta = (x_rows @ s.lora_a.T) @ s.lora_b.T * scale
+        y.narrow(1, s.offset, s.size).index_add_(0, rows, delta.to(y.dtype))
+    return y
+
+
+ForwardFn = Callable[..., Tensor]
+
+
+class GatedLoraFunction(torch.autograd.Function):
+    """Autograd for gated LoRA: forward by ``forward_fn`` (ref or Triton), backward in PyTorch.
+
+    ``y``'s gradient passes through unchanged; x, lora_a and lora_b get the LoRA gradients of the
+    gated rows (x's other rows get zero from this op).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        y: Tensor,
+        x: Tensor,
+        rows: Tensor,
+        scale: float,
+        output_slices: tuple[int, ...],
+        forward_fn: ForwardFn,
+        *weights: Tensor,
+    ) -> Tensor:
+        a_list, b_list = list(weights[0::2]), list(weights[1::2])
+        forward_fn(y, x, a_list, b_list, rows, scale, output_slices)
+        ctx.mark_dirty(y)
+        ctx.save_for_backward(x, rows, *weights)
+        ctx.scale = scale
+        ctx.output_slices = output_slices
+        return y
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad_y: Tensor) -> tuple:  # type: ignore[override]
+        x, rows, *weights = ctx.saved_tensors
+        scale, offsets = ctx.scale, _offsets(ctx.output_slices)
+        x_rows = x[rows]
+        grad_x_rows = torch.zeros_like(x_rows)
+        grad_weights: list[Tensor | None] = []
+        for i, size in enumerate(ctx.output_slices):
+            a, b = weights[2 * i], weights[2 * i + 1]
+            grad_rows = grad_y[rows, offsets[i] : offsets[i] + size].to(x.dtype)
+            shrunk = x_rows @ a.T
+            grad_shrunk = (grad_rows @ b) * scale
+            grad_x_rows += grad_shrunk @ a
+            grad_weights.append(grad_shrunk.T @ x_rows)
+            grad_weights.append((grad_rows.T @ shrunk) * scale)
+        grad_x = None
+        if ctx.needs_input_grad[1]:
+            grad_x = torch.zeros_like(x).index_add_(0, rows, grad_x_rows)
+        return (grad_y, grad_x, None, None, None, None, *grad_weights)
+
+
+def _offsets(sizes: Sequence[int]) -> list[int]:
+    offsets, total = [], 0
+    for size in sizes:
+        offsets.append(total)
+        total += size
+    return offsets
+
+
+def gated_lora_autograd(
+    forward_fn: ForwardFn,
+    y: Tensor,
+    x: Tensor,
+    lora_a: LoraWeights,
+    lora_b: LoraWeights,
+    rows: Tensor,
+    scale: float,
+    output_slices: Sequence[int] | None = None,
+) -> Tensor:
+    """Differentiable gated LoRA whose forward runs ``forward_fn`` (same signature as the ref)."""
+    if rows.numel() == 0:
+        return y
+    slices = lora_slices(y, x, lora_a, lora_b, output_slices)
+    weights = [t for s in slices for t in (s.lora_a, s.lora_b)]
+    sizes = tuple(s.size for s in slices)
+    return GatedLoraFunction.apply(y, x, rows, scale, sizes, forward_fn, *weights)

@@ -1,0 +1,277 @@
+"""ISD verify-and-draft: one pass over a batch's logits that verifies drafts and samples new ones.
+
+Vocabulary (the same words as the verifier and vLLM's rejection sampler):
+
+- **request rows**: request i owns ``1 + n_i + m_i`` consecutive logits rows: ``n_i`` target rows (row r
+  scores draft r), one bonus row, then ``m_i`` MASK rows whose distributions become the next drafts.
+- **draft tokens** ``d_r`` and **draft probs** ``q~_r``: the tokens proposed by the previous step and
+  the filtered distribution each was drawn from.
+- **target probs** ``p~``: ``filter(softmax(logits / T))`` in fp32 with MASK forced to -inf, where
+  filter is the request's top-k then top-p (vLLM's semantics). The same transform makes the target
+  probs of every row kind and the draft probs of MASK rows.
+- **accepted**: random requests accept ``d_r`` iff ``q~_r(d_r) > 0`` and ``p~_r(d_r) >= u_r q~_r(d_r)``;
+  greedy requests (``T < 1e-5``) iff ``d_r == argmax p~_r``. Verification stops at the first rejection.
+- **recovered**: the token emitted at the first rejection: ``argmax(max(0, p~ - q~) / noise)`` (``p~``
+  when that residual is all zero), ``argmax p~`` for greedy requests.
+- **bonus**: the token emitted when every draft is accepted: the bonus row's ``argmax(p~ / noise)``
+  (exponential race), ``argmax p~`` for greedy requests.
+
+Randomness is an argument (``uniforms``, ``noise``) so the Triton kernel and this reference agree
+exactly. Ties at a top-k/top-p threshold are kept (vLLM keeps an arbitrary sort-order subset of them;
+the two agree whenever the boundary value is unique, i.e. almost surely for real logits).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+# vLLM treats temperatures below this as greedy.
+_SAMPLING_EPS = 1e-5
+
+
+class IsdStep(NamedTuple):
+    """Result of one verify-and-draft step."""
+
+    output_token_ids: (
+        Tensor  # [B, max(n)+1] int64: accepted drafts, then the emitted token, then -1
+    )
+    num_accepted: Tensor  # [B] int64
+    next_draft_ids: Tensor  # [M] int64, M = sum(m_i)
+    next_draft_probs: Tensor  # [M, V] float32; zeros for greedy requests
+
+
+class RowLayout(NamedTuple):
+    """Where each request's rows sit in the logits (all int64, on the logits' device)."""
+
+    row_req: Tensor  # [R] request index of each row
+    draft_rows: Tensor  # [D] target row of each draft
+    bonus_rows: Tensor  # [B] bonus row of each request
+    mask_rows: Tensor  # [M] rows whose outputs are the next drafts
+    cu_num_draft_tokens: Tensor  # [B] exclusive cumulative sum of n_i
+
+
+def row_layout(num_draft_tokens: Tensor, num_mask_tokens: Tensor, num_rows: int) -> RowLayout:
+    """Row layout of a batch; ``num_rows`` = R must equal sum(1 + n_i + m_i)."""
+    n = num_draft_tokens.long()
+    m = num_mask_tokens.long()
+    device = n.device
+    rows_per_req = 1 + n + m
+    start = torch.cumsum(rows_per_req, 0) - rows_per_req
+    req_ids = torch.arange(n.numel(), device=device)
+    row_req = torch.repeat_interleave(req_ids, rows_per_req, output_size=num_rows)
+    local = torch.arange(num_rows, device=device) - start[row_req]
+    n_row = n[row_req]
+    return RowLayout(
+        row_req=row_req,
+        draft_rows=torch.nonzero(local < n_row).flatten(),
+        bonus_rows=start + n,
+        mask_rows=torch.nonzero(local > n_row).flatten(),
+        cu_num_draft_tokens=torch.cumsum(n, 0) - n,
+    )
+
+
+def filter_logits(scaled_logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Top-k then top-p on temperature-scaled logits [R, V] (per-row k, p); dropped entries -> -inf.
+
+    Top-k keeps entries >= the k-th largest value. Top-p keeps entry v iff the probability mass of
+    entries strictly larger than v is < top_p (equivalently vLLM's "ascending cumsum > 1 - top_p"),
+    and always the largest. ``top_k <= 0 or >= V`` and ``top_p >= 1`` are off.
+    """
+    vocab = scaled_logits.shape[-1]
+    use_k = (top_k > 0) & (top_k < vocab)
+    use_p = top_p < 1
+    if not bool((use_k | use_p).any()):
+        return scaled_logits
+    z = scaled_logits
+    sorted_z = z.sort(dim=-1, descending=True).values
+    k = torch.where(use_k, top_k, vocab).clamp(1, vocab).long()
+    kth = sorted_z.gather(1, (k - 1)[:, None])
+    z = z.masked_fill(z < kth, float("-inf"))
+    sorted_z = sorted_z.masked_fill(sorted_z < kth, float("-inf"))
+    sorted_probs = sorted_z.softmax(dim=-1)
+    # Mass strictly above each sorted entry; a rounded cumsum of non-negatives is non-decreasing, so
+    # the kept entries form a prefix and the threshold is the last kept value.
+    cumulative = torch.cumsum(sorted_probs, dim=-1)
+    mass_above = torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], dim=1)
+    num_kept = (mass_above < top_p.to(z.dtype)[:, None]).sum(-1).clamp_min(1)
+    threshold = sorted_z.gather(1, (num_kept - 1)[:, None])
+    threshold = torch.where(use_p[:, None], threshold, float("-inf"))
+    return z.masked_fill(z < threshold, float("-inf"))
+
+
+def target_probs(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    mask_token_id: int,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """``p~`` of every row of ``logits`` [R, V] under per-row sampling params (each [R]).
+
+    Greedy rows (``T < 1e-5``) get the unfiltered ``softmax(logits)``: their consumers only use the
+    argmax, which no filter changes. ``dtype=float64`` gives the tests' gold values.
+    """
+    greedy = temperature < _SAMPLING_EPS
+    z = logits.to(dtype, copy=True)
+    z[:, mask_token_id] = float("-inf")
+    z = z / torch.where(greedy, 1.0, temperature).to(dtype)[:, None]
+    off_k = torch.zeros_like(top_k)
+    off_p = torch.ones_like(top_p)
+    z = filter_logits(z, torch.where(greedy, off_k, top_k), torch.where(greedy, off_p, top_p))
+    return z.softmax(dim=-1)
+
+
+def _check_inputs(
+    logits: Tensor,
+    draft_token_ids: Tensor,
+    draft_probs: Tensor,
+    num_draft_tokens: Tensor,
+    num_mask_tokens: Tensor,
+    uniforms: Tensor,
+    noise: Tensor,
+) -> None:
+    num_rows, vocab = logits.shape
+    num_drafts = draft_token_ids.shape[0]
+    expected_rows = int((1 + num_draft_tokens.long() + num_mask_tokens.long()).sum())
+    if num_rows != expected_rows:
+        raise ValueError(f"logits has {num_rows} rows, the layout needs {expected_rows}")
+    if int(num_draft_tokens.sum()) != num_drafts:
+        raise ValueError(f"{num_drafts} draft tokens, num_draft_tokens sums to a different count")
+    if draft_probs.shape[0] not in (0, num_drafts) or draft_probs.shape[1] != vocab:
+        raise ValueError(
+            f"draft_probs {tuple(draft_probs.shape)}, expected [{num_drafts}, {vocab}]"
+        )
+    if uniforms.shape != (num_drafts,) or noise.shape != logits.shape:
+        raise ValueError(f"uniforms {tuple(uniforms.shape)} / noise {tuple(noise.shape)} mis-sized")
+
+
+def isd_verify_and_draft_ref(
+    logits: Tensor,
+    draft_token_ids: Tensor,
+    draft_probs: Tensor,
+    num_draft_tokens: Tensor,
+    num_mask_tokens: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    uniforms: Tensor,
+    noise: Tensor,
+    mask_token_id: int,
+    max_num_draft_tokens: int | None = None,
+) -> IsdStep:
+    """Verify every request's drafts and sample the next drafts (pure PyTorch; the CPU path).
+
+    ``max_num_draft_tokens`` (optional, = max n_i) avoids a device-to-host sync for the output width.
+    """
+    _check_inputs(
+        logits, draft_token_ids, draft_probs, num_draft_tokens, num_mask_tokens, uniforms, noise
+    )
+    num_rows, vocab = logits.shape
+    layout = row_layout(num_draft_tokens, num_mask_tokens, num_rows)
+    greedy = temperature < _SAMPLING_EPS
+    greedy_row = greedy[layout.row_req]
+    probs = target_probs(
+        logits,
+        temperature[layout.row_req],
+        top_k[layout.row_req],
+        top_p[layout.row_req],
+        mask_token_id,
+    )
+    masked = logits.clone()
+    masked[:, mask_token_id] = float("-inf")
+    argmax_ids = masked.argmax(dim=-1)
+    raced_ids = (probs / noise).argmax(dim=-1)
+    row_ids = torch.where(greedy_row, argmax_ids, raced_ids)  # bonus tokens and next drafts
+
+    accepted, recovered_ids = _verify_drafts(
+        probs,
+        argmax_ids,
+        greedy_row,
+        layout.draft_rows,
+        draft_token_ids,
+        draft_probs,
+        uniforms,
+        noise,
+    )
+    output_token_ids, num_accepted = _assemble(
+        draft_token_ids,
+        num_draft_tokens.long(),
+        accepted,
+        recovered_ids,
+        row_ids[layout.bonus_rows],
+        layout.cu_num_draft_tokens,
+        max_num_draft_tokens,
+    )
+    next_probs = probs[layout.mask_rows]
+    next_probs.masked_fill_(greedy_row[layout.mask_rows][:, None], 0.0)
+    return IsdStep(output_token_ids, num_accepted, row_ids[layout.mask_rows], next_probs)
+
+
+def _verify_drafts(
+    probs: Tensor,
+    argmax_ids: Tensor,
+    greedy_row: Tensor,
+    draft_rows: Tensor,
+    draft_token_ids: Tensor,
+    draft_probs: Tensor,
+    uniforms: Tensor,
+    noise: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Per draft (independently of the others): accepted [D] bool and recovered token ids [D]."""
+    num_drafts = draft_token_ids.shape[0]
+    greedy = greedy_row[draft_rows]
+    target_argmax = argmax_ids[draft_rows]
+    accepted_greedy = draft_token_ids == target_argmax
+    if draft_probs.shape[0] != num_drafts:  # all-greedy batch: no draft probs were kept
+        if not bool(greedy.all()):
+            raise ValueError("draft_probs is empty but a random request has drafts")
+        return accepted_greedy, target_argmax
+    target = probs[draft_rows]
+    ids = draft_token_ids[:, None]
+    target_prob = target.gather(1, ids).squeeze(1).double()
+    draft_prob = draft_probs.gather(1, ids).squeeze(1).double()
+    accepted_random = (draft_prob > 0) & (target_prob >= uniforms * draft_prob)
+    residual = (target - draft_probs).clamp_min(0)
+    residual = torch.where(residual.amax(dim=-1, keepdim=True) > 0, residual, target)
+    recovered = (residual / noise[draft_rows]).argmax(dim=-1)
+    return (
+        torch.where(greedy, accepted_greedy, accepted_random),
+        torch.where(greedy, target_argmax, recovered),
+    )
+
+
+def _assemble(
+    draft_token_ids: Tensor,
+    num_draft_tokens: Tensor,
+    accepted: Tensor,
+    recovered_ids: Tensor,
+    bonus_ids: Tensor,
+    cu_num_draft_tokens: Tensor,
+    max_num_draft_tokens: int | None,
+) -> tuple[Tensor, Tensor]:
+    """Stop each request at its first rejection: output_token_ids [B, max(n)+1] and num_accepted."""
+    num_reqs = num_draft_tokens.shape[0]
+    device = draft_token_ids.device
+    if max_num_draft_tokens is None:
+        max_num_draft_tokens = int(num_draft_tokens.max()) if num_reqs else 0
+    pos = torch.arange(max_num_draft_tokens, device=device)
+    valid = pos[None, :] < num_draft_tokens[:, None]
+    accepted_pad = torch.zeros(num_reqs, max_num_draft_tokens, dtype=torch.bool, device=device)
+    accepted_pad[valid] = accepted
+    num_accepted = accepted_pad.long().cumprod(dim=1).sum(dim=1)
+    drafts_pad = torch.full((num_reqs, max_num_draft_tokens), -1, dtype=torch.long, device=device)
+    drafts_pad[valid] = draft_token_ids
+    rejected = num_accepted < num_draft_tokens
+    first_reject = (cu_num_draft_tokens + num_accepted).clamp_max(max(recovered_ids.numel() - 1, 0))
+    recovered_at = recovered_ids[first_reject] if recovered_ids.numel() else bonus_ids
+    emitted = torch.where(rejected, recovered_at, bonus_ids)
+    output = torch.full((num_reqs, max_num_draft_tokens + 1), -1, dtype=torch.long, device=device)
+    output[:, :max_num_draft_tokens] = torch.where(
+        pos[None, :] < num_accepted[:, None], drafts_pad, -1
+    )
+    output.scatter_(1, num_accepted[:, None], emitted[:, None])
+    return output, num_accepted

@@ -1,0 +1,253 @@
+"""isd_verify_and_draft_ref: hand-computed cases, a textbook per-request oracle, then statistics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from idlm_kernels.isd_sample import filter_logits, isd_verify_and_draft_ref
+from idlm_kernels.testing import IsdBatch, make_isd_batch
+from torch import Tensor
+
+NEG = -20.0
+
+
+def _one_hot_logits(argmaxes: list[int], vocab: int) -> Tensor:
+    logits = torch.full((len(argmaxes), vocab), NEG)
+    logits[torch.arange(len(argmaxes)), torch.tensor(argmaxes)] = 5.0
+    return logits
+
+
+def _run(
+    logits: Tensor,
+    drafts: list[int],
+    num_masks: int,
+    temperature: float = 0.0,
+    draft_probs: Tensor | None = None,
+    uniforms: list[float] | None = None,
+    noise: Tensor | None = None,
+    mask_token_id: int = 0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+):
+    vocab = logits.shape[1]
+    return isd_verify_and_draft_ref(
+        logits,
+        torch.tensor(drafts, dtype=torch.long),
+        torch.zeros(0, vocab) if draft_probs is None else draft_probs,
+        torch.tensor([len(drafts)]),
+        torch.tensor([num_masks]),
+        torch.tensor([temperature]),
+        torch.tensor([top_k]),
+        torch.tensor([top_p]),
+        torch.tensor(uniforms or [0.5] * len(drafts), dtype=torch.float64),
+        torch.ones_like(logits) if noise is None else noise,
+        mask_token_id,
+    )
+
+
+# ---- hand-computed cases -------------------------------------------------------------------
+
+
+def test_greedy_drafts_123_target_argmax_15_emits_1_5() -> None:
+    # rows: targets for drafts 0..2 (argmax 1, 5, 3), bonus (7), MASK rows (8, 9)
+    step = _run(_one_hot_logits([1, 5, 3, 7, 8, 9], 10), [1, 2, 3], num_masks=2)
+    assert step.output_token_ids.tolist() == [[1, 5, -1, -1]]
+    assert step.num_accepted.tolist() == [1]
+    assert step.next_draft_ids.tolist() == [8, 9]
+    assert torch.equal(step.next_draft_probs, torch.zeros(2, 10))
+
+
+def test_greedy_all_drafts_accepted_emits_bonus_argmax() -> None:
+    step = _run(_one_hot_logits([1, 2, 3, 7, 8], 10), [1, 2, 3], num_masks=1)
+    assert step.output_token_ids.tolist() == [[1, 2, 3, 7]]
+    assert step.num_accepted.tolist() == [3]
+
+
+def test_greedy_first_draft_rejected_emits_target_argmax_only() -> None:
+    step = _run(_one_hot_logits([4, 2, 3, 7], 10), [1, 2, 3], num_masks=0)
+    assert step.output_token_ids.tolist() == [[4, -1, -1, -1]]
+    assert step.num_accepted.tolist() == [0]
+
+
+def test_greedy_argmax_tie_takes_first_index() -> None:
+    logits = torch.zeros(2, 6)
+    logits[0, [2, 4]] = 3.0
+    step = _run(logits, [4], num_masks=0)
+    assert step.output_token_ids.tolist() == [[2, -1]]
+
+
+def _two_row_random(target_probs: list[float]) -> Tensor:
+    """Logits whose softmax at T=1 is ``target_probs`` in both the target and the bonus row."""
+    return torch.tensor([target_probs, target_probs]).log()
+
+
+def test_random_accepts_iff_target_prob_at_least_u_times_draft_prob() -> None:
+    # p(d=2) = 0.2, q(d=2) = 0.6: accept iff u <= 1/3
+    logits = _two_row_random([0.0, 0.4, 0.2, 0.4])
+    draft_probs = torch.tensor([[0.0, 0.2, 0.6, 0.2]])
+    accept = _run(logits, [2], 0, 1.0, draft_probs, [0.33], mask_token_id=0)
+    reject = _run(logits, [2], 0, 1.0, draft_probs, [0.34], mask_token_id=0)
+    assert accept.num_accepted.tolist() == [1] and reject.num_accepted.tolist() == [0]
+
+
+def test_random_rejection_emits_argmax_of_residual_over_noise() -> None:
+    # p = [0, 0.4, 0.2, 0.4], q = [0, 0.2, 0.6, 0.2]: residual max(0, p - q) = [0, 0.2, 0, 0.2]
+    logits = _two_row_random([0.0, 0.4, 0.2, 0.4])
+    draft_probs = torch.tensor([[0.0, 0.2, 0.6, 0.2]])
+    noise = torch.ones(2, 4)
+    noise[0, 1] = 100.0  # tokens 1 and 3 tie on the residual; the noise makes 3 win the race
+    step = _run(logits, [2], 0, 1.0, draft_probs, [0.99], noise, mask_token_id=0)
+    assert step.output_token_ids.tolist() == [[3, -1]]
+
+
+def test_random_all_zero_residual_falls_back_to_target() -> None:
+    logits = _two_row_random([0.0, 0.25, 0.25, 0.5])
+    draft_probs = torch.tensor([[0.0, 0.25, 0.25, 0.5]])  # equals p
+    noise = torch.tensor([[1.0, 4.0, 1.0, 4.0], [1.0, 1.0, 1.0, 1.0]])
+    step = _run(logits, [2], 0, 1.0, draft_probs, [1.0 + 1e-9], noise, mask_token_id=0)
+    assert step.output_token_ids.tolist() == [[2, -1]]  # argmax(p / noise) = 2
+
+
+def test_random_draft_with_zero_draft_prob_is_rejected() -> None:
+    logits = _two_row_random([0.0, 0.4, 0.2, 0.4])
+    draft_probs = torch.tensor([[0.0, 0.5, 0.0, 0.5]])
+    step = _run(logits, [2], 0, 1.0, draft_probs, [0.0], mask_token_id=0)
+    assert step.num_accepted.tolist() == [0]
+
+
+def test_random_bonus_is_exponential_race_on_bonus_row() -> None:
+    logits = _two_row_random([0.0, 0.4, 0.2, 0.4])
+    draft_probs = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    noise = torch.ones(2, 4)
+    noise[1, 1] = 10.0  # bonus row: scores [0, 0.04, 0.2, 0.4] -> 3
+    step = _run(logits, [2], 0, 1.0, draft_probs, [0.1], noise, mask_token_id=0)
+    assert step.output_token_ids.tolist() == [[2, 3]]
+
+
+def test_mask_token_is_never_emitted_nor_drafted() -> None:
+    batch = make_isd_batch(16, 50, 3, 3, mode="mixed", seed=1)
+    step = isd_verify_and_draft_ref(*batch.args())
+    assert not (step.output_token_ids == batch.mask_token_id).any()
+    assert not (step.next_draft_ids == batch.mask_token_id).any()
+    assert not step.next_draft_probs[:, batch.mask_token_id].any()
+
+
+def test_zero_drafts_emit_the_bonus_and_zero_masks_give_no_next_drafts() -> None:
+    batch = make_isd_batch(3, 40, [0, 0, 0], [0, 2, 0], mode="random", seed=2)
+    step = isd_verify_and_draft_ref(*batch.args())
+    assert step.output_token_ids.shape == (3, 1) and step.num_accepted.tolist() == [0, 0, 0]
+    assert step.next_draft_ids.shape == (2,) and step.next_draft_probs.shape == (2, 40)
+    empty = make_isd_batch(2, 40, [1, 0], [0, 0], mode="greedy", seed=3)
+    step = isd_verify_and_draft_ref(*empty.args())
+    assert step.next_draft_ids.shape == (0,) and step.next_draft_probs.shape == (0, 40)
+
+
+def test_top_k_keeps_ties_at_the_threshold() -> None:
+    z = torch.tensor([[1.0, 3.0, 2.0, 2.0, 0.0]])
+    out = filter_logits(z, torch.tensor([2]), torch.tensor([1.0]))
+    assert torch.isfinite(out).tolist() == [[False, True, True, True, False]]
+
+
+def test_top_p_drops_entries_with_ascending_cumsum_at_most_one_minus_top_p() -> None:
+    # probs [0.5, 0.3, 0.15, 0.05], top_p 0.75: ascending cumsum [0.05, 0.2, 0.5, 1] -> drop 0.05, 0.15
+    z = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    out = filter_logits(z, torch.tensor([0]), torch.tensor([0.75]))
+    assert torch.isfinite(out).tolist() == [[True, True, False, False]]
+    only_max = filter_logits(z, torch.tensor([0]), torch.tensor([0.0]))
+    assert torch.isfinite(only_max).tolist() == [[True, False, False, False]]
+
+
+def test_ref_leaves_its_inputs_untouched() -> None:
+    batch = make_isd_batch(4, 30, 2, 2, seed=4)
+    before = [t.clone() if isinstance(t, Tensor) else t for t in batch.args()]
+    isd_verify_and_draft_ref(*batch.args())
+    for a, b in zip(batch.args(), before, strict=True):
+        assert torch.equal(a, b) if isinstance(a, Tensor) else a == b
+
+
+# ---- randomized: the ref against a textbook per-request loop ---------------------------------
+
+
+def _oracle_probs(row: Tensor, temperature: float, top_k: int, top_p: float, mask: int) -> Tensor:
+    """vLLM's apply_top_k_top_p_pytorch semantics, written literally, one row, float64."""
+    z = row.double().clone()
+    z[mask] = float("-inf")
+    z = z / temperature
+    if 0 < top_k < z.numel():
+        z[z < z.sort(descending=True).values[top_k - 1]] = float("-inf")
+    if top_p < 1:
+        order = z.argsort()
+        ascending_cumsum = z[order].softmax(0).cumsum(0)
+        drop = ascending_cumsum <= 1 - top_p
+        drop[-1] = False
+        z[order[drop]] = float("-inf")
+    return z.softmax(0)
+
+
+def _oracle(batch: IsdBatch) -> tuple[list[list[int]], list[int], list[int], list[Tensor]]:
+    """Per request, per draft, left to right, as in the speculative sampling papers."""
+    outputs, num_accepted, next_ids, next_probs = [], [], [], []
+    row, draft = 0, 0
+    for i in range(batch.num_draft_tokens.numel()):
+        n, m = int(batch.num_draft_tokens[i]), int(batch.num_mask_tokens[i])
+        params = (float(batch.temperature[i]), int(batch.top_k[i]), float(batch.top_p[i]))
+        greedy = params[0] < 1e-5
+
+        def probs(r: int, params=params) -> Tensor:
+            return _oracle_probs(batch.logits[r], *params, batch.mask_token_id)
+
+        def argmax(r: int) -> int:
+            masked = batch.logits[r].clone()
+            masked[batch.mask_token_id] = float("-inf")
+            return int(masked.argmax())
+
+        def race(r: int, weights: Tensor) -> int:
+            return int((weights / batch.noise[r].double()).argmax())
+
+        tokens: list[int] = []
+        for r in range(n):
+            d = int(batch.draft_token_ids[draft + r])
+            if greedy:
+                ok, emitted = d == argmax(row + r), argmax(row + r)
+            else:
+                p, q = probs(row + r), batch.draft_probs[draft + r].double()
+                ok = bool(q[d] > 0) and bool(p[d] >= batch.uniforms[draft + r] * q[d])
+                residual = (p - q).clamp_min(0)
+                emitted = race(row + r, residual if residual.sum() > 0 else p)
+            if not ok:
+                num_accepted.append(r)
+                tokens.append(emitted)
+                break
+            tokens.append(d)
+        else:
+            num_accepted.append(n)
+            tokens.append(argmax(row + n) if greedy else race(row + n, probs(row + n)))
+        outputs.append(tokens)
+        for j in range(row + n + 1, row + n + 1 + m):
+            next_ids.append(argmax(j) if greedy else race(j, probs(j)))
+            next_probs.append(
+                torch.zeros(batch.logits.shape[1], dtype=torch.float64) if greedy else probs(j)
+            )
+        row, draft = row + 1 + n + m, draft + n
+    return outputs, num_accepted, next_ids, next_probs
+
+
+@pytest.mark.parametrize("mode", ["greedy", "random", "mixed"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ref_matches_textbook_oracle_on_random_batches(mode: str, seed: int) -> None:
+    gen = torch.Generator().manual_seed(100 + seed)
+    num_reqs = int(torch.randint(1, 9, (1,), generator=gen))
+    drafts = torch.randint(0, 4, (num_reqs,), generator=gen).tolist()
+    masks = torch.randint(0, 4, (num_reqs,), generator=gen).tolist()
+    batch = make_isd_batch(num_reqs, 97, drafts, masks, mode=mode, seed=seed, logit_scale=1.0)
+    step = isd_verify_and_draft_ref(*batch.args())
+    outputs, num_accepted, next_ids, next_probs = _oracle(batch)
+    width = max(drafts) + 1
+    expected = torch.tensor([t + [-1] * (width - len(t)) for t in outputs])
+    assert torch.equal(step.output_token_ids, expected)
+    assert step.num_accepted.tolist() == num_accepted
+    assert step.next_draft_ids.tolist() == next_ids
+    if next_probs:
+        torch.testing.assert_close(
+            step.next_draft_probs.double(), torch.stack(next_probs), atol=1e-6, rtol=1e-5
+        )
