@@ -1,0 +1,94 @@
+"""AR -> I-DLM conversion (full fine-tune) and gated-LoRA training over a frozen base."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .config import ConvertConfig, LoraConfig, TrainConfig
+from .corpus import Document
+from .curriculum import make_idlm_step
+from .distributed import setup, shard
+from .export import save_gated_lora, save_idlm_checkpoint
+from .gated_lora import attach_gated_lora
+from .modeling import load_base, set_attention
+from .packing import pack_documents
+from .tokenizer import apply_mask_plan, ensure_mask_token
+from .trainer import finish, train
+
+
+def _prepare(base_path: Path, ccfg: ConvertConfig, tcfg: TrainConfig):
+    """Validate cheap things first, then load the base and give it a MASK token."""
+    ccfg.check_seq_len(tcfg.seq_len)
+    model, tokenizer = load_base(base_path)
+    plan = ensure_mask_token(tokenizer, model.get_input_embeddings().weight.shape[0])
+    apply_mask_plan(model, plan)
+    return model, tokenizer, plan.mask_token_id
+
+
+def _attn_for(ccfg: ConvertConfig, device) -> str:
+    use_flex = ccfg.attention == "flex" or (ccfg.attention == "auto" and device.type == "cuda")
+    return "flex_attention" if use_flex else "sdpa"
+
+
+def convert(
+    base_path: Path,
+    train_docs: list[Document],
+    ccfg: ConvertConfig,
+    tcfg: TrainConfig,
+    out: Path,
+    work: Path,
+    recipe: dict[str, Any] | None = None,
+) -> Path:
+    """Full fine-tune of the base with the I-DLM objective; exports an I-DLM checkpoint."""
+    dist = setup()
+    model, tokenizer, mask_id = _prepare(base_path, ccfg, tcfg)
+    data = pack_documents(tokenizer, train_docs, tcfg.seq_len, tcfg.max_tokens)
+    model = shard(model.to(dist.device), dist, bf16=tcfg.precision == "bf16")
+    set_attention(model, _attn_for(ccfg, dist.device))
+    step_fn = make_idlm_step(model, ccfg, mask_id, tcfg.seq_len, tcfg.steps, dist.device)
+    train(model, data, step_fn, tcfg, work, "convert", dist)
+    set_attention(model, "sdpa")
+    if dist.is_main:
+        recipe = {"convert": _asdict(ccfg), "train": _asdict(tcfg), **(recipe or {})}
+        save_idlm_checkpoint(model.cpu(), tokenizer, out, mask_id, ccfg.strides, recipe)
+        finish(work)
+    return out
+
+
+def train_lora(
+    base_path: Path,
+    train_docs: list[Document],
+    lcfg: LoraConfig,
+    ccfg: ConvertConfig,
+    tcfg: TrainConfig,
+    out: Path,
+    work: Path,
+    recipe: dict[str, Any] | None = None,
+) -> Path:
+    """Gated LoRA over the frozen base, MASK-row loss only; exports PEFT files + gate metadata."""
+    dist = setup()
+    model, tokenizer, mask_id = _prepare(base_path, ccfg, tcfg)
+    data = pack_documents(tokenizer, train_docs, tcfg.seq_len, tcfg.max_tokens)
+    adapter = attach_gated_lora(model, lcfg, mask_id)
+    model.to(dist.device)
+    step_fn = make_idlm_step(model, ccfg, mask_id, tcfg.seq_len, tcfg.steps, dist.device, alpha=0.0)
+    train(model, data, step_fn, tcfg, work, "lora", dist)
+    if dist.is_main:
+        model.cpu()
+        recipe = {
+            "lora": _asdict(lcfg),
+            "convert": _asdict(ccfg),
+            "train": _asdict(tcfg),
+            **(recipe or {}),
+        }
+        save_gated_lora(adapter, out, str(base_path), ccfg.strides, recipe)
+        tokenizer.save_pretrained(out)
+        finish(work)
+    return out
+
+
+def _asdict(cfg) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(cfg)

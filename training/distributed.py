@@ -1,0 +1,74 @@
+"""Multi-GPU under torchrun: process group setup and FSDP2 sharding of a Qwen3 model.
+
+One process per GPU; each rank draws its own micro-batches (rank-offset steps of the shared
+sampler). Single-process runs (CPU, tests) never touch torch.distributed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup(device: str = "auto") -> DistInfo:
+    """Read torchrun's environment; pick the device (cuda when present unless told otherwise)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    use_cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
+    if world > 1:
+        import torch.distributed as dist
+
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if use_cuda:
+            torch.cuda.set_device(local)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if use_cuda else "gloo")
+        return DistInfo(
+            rank, world, torch.device("cuda", local) if use_cuda else torch.device("cpu")
+        )
+    return DistInfo(0, 1, torch.device("cuda") if use_cuda else torch.device("cpu"))
+
+
+def shard(model, info: DistInfo, bf16: bool):
+    """FSDP2: shard every decoder layer, then the trunk and the head, as separate units.
+
+    The trainer calls the trunk and the head separately, so each is its own unit.
+    """
+    if info.world_size == 1:
+        return model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if bf16
+        else MixedPrecisionPolicy()
+    )
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model.model, mp_policy=policy)
+    if not model.config.tie_word_embeddings:
+        fully_shard(model.lm_head, mp_policy=policy)
+    return model
+
+
+def all_reduce_mean(value: float, info: DistInfo) -> float:
+    if info.world_size == 1:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], device=info.device)
+    dist.all_reduce(t)
+    return float(t) / info.world_size

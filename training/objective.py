@@ -1,0 +1,88 @@
+"""The conversion objective: inputs [x_t | x_0], shared positions, MASK-row CE + alpha x clean CE.
+
+Logit shift as in AR: row i (clean or MASK) predicts the token at i+1. A target counts only
+when it is response text (`loss_mask`), so prompt and padding rows never contribute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100
+
+
+@dataclass
+class IdlmBatch:
+    input_ids: torch.Tensor  # [B, 2L]: x_t then x_0
+    position_ids: torch.Tensor  # [B, 2L]: 0..L-1 twice
+    mask_labels: torch.Tensor  # [B, L]: target of each x_t row (IGNORE where none)
+    clean_labels: torch.Tensor  # [B, L]: target of each x_0 row (IGNORE where none)
+
+
+def shifted_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """labels[i] = input_ids[i+1] where that token carries loss, else IGNORE; last row IGNORE."""
+    labels = torch.full_like(input_ids, IGNORE)
+    keep = loss_mask[:, 1:]
+    labels[:, :-1] = torch.where(keep, input_ids[:, 1:], torch.full_like(input_ids[:, 1:], IGNORE))
+    return labels
+
+
+def build_idlm_batch(
+    input_ids: torch.Tensor, loss_mask: torch.Tensor, mask_token_id: int
+) -> IdlmBatch:
+    """All-masked x_t: every response token becomes MASK; prompt tokens stay clean."""
+    seq_len = input_ids.shape[1]
+    x_t = torch.where(loss_mask, torch.full_like(input_ids, mask_token_id), input_ids)
+    labels = shifted_labels(input_ids, loss_mask)
+    mask_labels = torch.where(loss_mask, labels, torch.full_like(labels, IGNORE))
+    pos = (
+        torch.arange(seq_len, device=input_ids.device)
+        .repeat(2)[None]
+        .expand(input_ids.shape[0], -1)
+    )
+    return IdlmBatch(torch.cat([x_t, input_ids], dim=1), pos.contiguous(), mask_labels, labels)
+
+
+@dataclass
+class LossParts:
+    total: torch.Tensor
+    mask_ce: torch.Tensor
+    clean_ce: torch.Tensor
+
+
+def _ce(hidden: torch.Tensor, lm_head, labels: torch.Tensor) -> torch.Tensor:
+    """CE over labelled rows only: the lm_head runs on those rows, never on all 2L x V."""
+    sel = labels.reshape(-1) != IGNORE
+    if not bool(sel.any()):
+        return hidden.sum() * 0.0
+    logits = lm_head(hidden.reshape(-1, hidden.shape[-1])[sel]).float()
+    return F.cross_entropy(logits, labels.reshape(-1)[sel])
+
+
+def idlm_loss(
+    hidden: torch.Tensor, lm_head, batch: IdlmBatch, alpha: float, balance: str
+) -> LossParts:
+    """mask_ce + w x clean_ce; w = alpha ("fixed") or alpha x mask_ce / clean_ce, detached ("auto").
+
+    "auto" rescales the clean term to the MASK term's magnitude, so alpha is a ratio of the two.
+    """
+    seq_len = batch.mask_labels.shape[1]
+    mask_ce = _ce(hidden[:, :seq_len], lm_head, batch.mask_labels)
+    if alpha == 0:
+        zero = mask_ce.detach() * 0
+        return LossParts(mask_ce, mask_ce.detach(), zero)
+    clean_ce = _ce(hidden[:, seq_len:], lm_head, batch.clean_labels)
+    weight = alpha
+    if balance == "auto":
+        weight = alpha * (mask_ce.detach() / clean_ce.detach().clamp_min(1e-6))
+    return LossParts(mask_ce + weight * clean_ce, mask_ce.detach(), clean_ce.detach())
+
+
+def ar_loss(
+    hidden: torch.Tensor, lm_head, input_ids: torch.Tensor, loss_mask: torch.Tensor
+) -> torch.Tensor:
+    """Plain next-token CE (the base model's objective)."""
+    return _ce(hidden, lm_head, shifted_labels(input_ids, loss_mask))

@@ -1,0 +1,79 @@
+"""Tokenise documents and pack them into fixed-length windows.
+
+Each window carries `input_ids` and `loss_mask`: True where a token is response text (it may be
+masked and is a prediction target), False for clean prompt tokens and padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .corpus import Document
+
+
+@dataclass
+class PackedData:
+    input_ids: torch.Tensor  # [num_windows, seq_len] int64
+    loss_mask: torch.Tensor  # [num_windows, seq_len] bool
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+def tokenize_documents(tokenizer, docs: list[Document]) -> tuple[list[int], list[bool]]:
+    """One stream of ids (documents separated by EOS) and its loss flags."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("tokenizer has no eos token")
+    ids: list[int] = []
+    flags: list[bool] = []
+    prompts = tokenizer([d.prompt for d in docs], add_special_tokens=False)["input_ids"]
+    texts = tokenizer([d.text for d in docs], add_special_tokens=False)["input_ids"]
+    for p, t in zip(prompts, texts, strict=True):
+        ids += p + t + [eos]
+        flags += [False] * len(p) + [True] * (len(t) + 1)
+    return ids, flags
+
+
+def pack(
+    ids: list[int], flags: list[bool], seq_len: int, pad_id: int, max_tokens: int = 0
+) -> PackedData:
+    """Cut the stream into windows of `seq_len`; the last one is padded (padding has no loss)."""
+    if max_tokens:
+        ids, flags = ids[:max_tokens], flags[:max_tokens]
+    n = -(-len(ids) // seq_len)
+    if n == 0:
+        raise ValueError("no tokens to pack")
+    pad = n * seq_len - len(ids)
+    input_ids = torch.tensor(ids + [pad_id] * pad, dtype=torch.long).view(n, seq_len)
+    loss_mask = torch.tensor(flags + [False] * pad, dtype=torch.bool).view(n, seq_len)
+    return PackedData(input_ids, loss_mask)
+
+
+def pack_documents(
+    tokenizer, docs: list[Document], seq_len: int, max_tokens: int = 0
+) -> PackedData:
+    ids, flags = tokenize_documents(tokenizer, docs)
+    return pack(ids, flags, seq_len, tokenizer.eos_token_id, max_tokens)
+
+
+def batch_indices(num_windows: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
+    """Window indices of a step: epoch-wise permutations, a pure function of (seed, step).
+
+    Resuming at step s draws exactly what an uninterrupted run draws.
+    """
+    start = step * batch_size
+    out = []
+    while len(out) < batch_size:
+        epoch, offset = divmod(start + len(out), num_windows)
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        perm = torch.randperm(num_windows, generator=gen)
+        take = min(batch_size - len(out), num_windows - offset)
+        out += perm[offset : offset + take].tolist()
+    return torch.tensor(out, dtype=torch.long)

@@ -1,0 +1,156 @@
+"""The optimisation loop shared by `base`, `convert` and `lora`.
+
+AdamW with warmup + cosine, gradient accumulation, bf16 autocast on GPU, gradient clipping,
+a tqdm bar, a JSONL log, and checkpoints of the trainable state that a rerun resumes from.
+Batches are a pure function of (seed, step), so a resumed run matches an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .config import TrainConfig
+from .distributed import DistInfo, all_reduce_mean
+from .packing import PackedData, batch_indices
+
+# step_fn(step, input_ids, loss_mask) -> (loss to backprop, metrics to log)
+StepFn = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine
+
+
+def make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("model has no trainable parameters")
+    decay = [p for n, p in params if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in params if not (p.ndim >= 2 and "embed" not in n)]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def _trainable_state(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _save_ckpt(ckpt_dir: Path, model, opt, step: int) -> None:
+    tmp = ckpt_dir.with_suffix(".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    torch.save(
+        {"step": step, "params": _trainable_state(model), "optim": opt.state_dict()},
+        tmp / "state.pt",
+    )
+    if ckpt_dir.exists():
+        shutil.rmtree(ckpt_dir)
+    tmp.rename(ckpt_dir)
+
+
+def _load_ckpt(ckpt_dir: Path, model, opt) -> int:
+    state_file = ckpt_dir / "state.pt"
+    if not state_file.is_file():
+        return 0
+    state = torch.load(state_file, map_location="cpu", weights_only=True)
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in state["params"].items():
+            named[name].copy_(value)
+    opt.load_state_dict(state["optim"])
+    return int(state["step"])
+
+
+def _autocast(cfg: TrainConfig, device: torch.device):
+    if cfg.precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train(
+    model,
+    data: PackedData,
+    step_fn: StepFn,
+    cfg: TrainConfig,
+    work_dir: Path,
+    desc: str,
+    dist: DistInfo | None = None,
+) -> dict[str, float]:
+    """Run `cfg.steps` optimizer steps over `data`; resumes from `work_dir/ckpt` if present."""
+    dist = dist or DistInfo()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    opt = make_optimizer(model, cfg)
+    ckpt_dir = work_dir / "ckpt"
+    start = _load_ckpt(ckpt_dir, model, opt)
+    log = (work_dir / "train_log.jsonl").open("a") if dist.is_main else None
+    bar = tqdm(
+        range(start, cfg.steps),
+        desc=desc,
+        initial=start,
+        total=cfg.steps,
+        disable=not dist.is_main,
+        mininterval=2.0,
+    )
+    model.train()
+    last: dict[str, float] = {}
+    t0, tokens = time.time(), 0
+    for step in bar:
+        lr = cfg.lr * lr_factor(step, cfg)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        metrics = _one_step(model, data, step_fn, cfg, step, opt, dist)
+        tokens += cfg.batch_size * cfg.grad_accum * cfg.seq_len * dist.world_size
+        last = {k: all_reduce_mean(v, dist) for k, v in metrics.items()}
+        bar.set_postfix({k: f"{v:.3f}" for k, v in last.items()}, refresh=False)
+        done = step + 1
+        if log and (done % cfg.log_every == 0 or done == cfg.steps):
+            rec = {"step": done, "lr": lr, "tok_per_s": tokens / (time.time() - t0), **last}
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+        if dist.is_main and cfg.ckpt_every and done % cfg.ckpt_every == 0 and done < cfg.steps:
+            _save_ckpt(ckpt_dir, model, opt, done)
+    if log:
+        log.close()
+    model.eval()
+    return last
+
+
+def _one_step(model, data, step_fn, cfg, step, opt, dist) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for micro in range(cfg.grad_accum):
+        draw = (step * cfg.grad_accum + micro) * dist.world_size + dist.rank
+        idx = batch_indices(len(data), cfg.batch_size, draw, cfg.seed)
+        ids = data.input_ids[idx].to(dist.device)
+        mask = data.loss_mask[idx].to(dist.device)
+        with _autocast(cfg, dist.device):
+            loss, metrics = step_fn(step, ids, mask)
+        (loss / cfg.grad_accum).backward()
+        for k, v in metrics.items():
+            totals[k] = totals.get(k, 0.0) + v / cfg.grad_accum
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.grad_clip:
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return totals
+
+
+def finish(work_dir: Path) -> None:
+    """Drop the resume checkpoint once the final model is exported."""
+    shutil.rmtree(work_dir / "ckpt", ignore_errors=True)
