@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from idlm_kernels.isd_sample import filter_logits, isd_verify_and_draft_ref
+from idlm_kernels.isd_sample import filter_logits, isd_verify_and_draft_ref, target_probs
 from idlm_kernels.testing import IsdBatch, make_isd_batch
 from torch import Tensor
 
@@ -251,3 +251,61 @@ def test_ref_matches_textbook_oracle_on_random_batches(mode: str, seed: int) -> 
         torch.testing.assert_close(
             step.next_draft_probs.double(), torch.stack(next_probs), atol=1e-6, rtol=1e-5
         )
+
+
+# ---- statistics: the emitted tokens are distributed as the target ----------------------------
+
+
+def _chi_square_p_value(samples: Tensor, probs: Tensor) -> float:
+    """Pearson chi-square p-value of integer ``samples`` against ``probs`` (zero-prob cells must be empty)."""
+    counts = torch.bincount(samples, minlength=probs.numel()).double()
+    support = probs > 0
+    assert counts[~support].sum() == 0, "a token outside the target's support was emitted"
+    expected = probs[support].double() * samples.numel()
+    statistic = ((counts[support] - expected) ** 2 / expected).sum()
+    dof = torch.tensor(float(int(support.sum()) - 1))
+    return float(torch.special.gammaincc(dof / 2, statistic / 2))
+
+
+def test_emitted_tokens_follow_the_target_after_rejection_and_at_the_bonus() -> None:
+    """20k identical requests (1 draft, 1 MASK), T=0.8, top-k 6, top-p 0.95 over a vocab of 8.
+
+    Checks four laws with a chi-square test at alpha = 1e-3 each (false-alarm rate <= 4e-3 for an
+    unseeded run; the seed makes this run deterministic): the first emitted token ~ p~ of the target
+    row (accepted or recovered), the recovered token ~ norm(max(0, p~ - q~)), the bonus ~ p~ of the
+    bonus row, the next draft ~ q~ of the MASK row.
+    """
+    gen = torch.Generator().manual_seed(7)
+    num_reqs, vocab, mask = 20_000, 8, 7
+    base = torch.randn(3, vocab, generator=gen) * 1.5  # target row, bonus row, MASK row
+    draft_logits = base[0] + torch.randn(vocab, generator=gen)
+    params = [torch.tensor([v] * 3) for v in (0.8, 6, 0.95)]
+    target = target_probs_rows(base, params, mask)
+    draft = target_probs_rows(draft_logits[None], [p[:1] for p in params], mask)[0]
+    drafts = torch.multinomial(draft, num_reqs, replacement=True, generator=gen)
+    step = isd_verify_and_draft_ref(
+        base.repeat(num_reqs, 1),
+        drafts,
+        draft.repeat(num_reqs, 1),
+        torch.ones(num_reqs, dtype=torch.long),
+        torch.ones(num_reqs, dtype=torch.long),
+        torch.full((num_reqs,), 0.8),
+        torch.full((num_reqs,), 6),
+        torch.full((num_reqs,), 0.95),
+        torch.rand(num_reqs, generator=gen, dtype=torch.float64),
+        torch.empty(3 * num_reqs, vocab).exponential_(generator=gen),
+        mask,
+    )
+    accepted = step.num_accepted == 1
+    residual = (target[0] - draft).clamp_min(0)
+    assert 0.05 < accepted.double().mean() < 0.95  # both branches are exercised
+    assert _chi_square_p_value(step.output_token_ids[:, 0], target[0]) > 1e-3
+    assert (
+        _chi_square_p_value(step.output_token_ids[~accepted, 0], residual / residual.sum()) > 1e-3
+    )
+    assert _chi_square_p_value(step.output_token_ids[accepted, 1], target[1]) > 1e-3
+    assert _chi_square_p_value(step.next_draft_ids, target[2]) > 1e-3
+
+
+def target_probs_rows(logits: Tensor, params: list[Tensor], mask: int) -> Tensor:
+    return target_probs(logits, params[0].float(), params[1], params[2].float(), mask)
