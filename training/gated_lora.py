@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from idlm_kernels.ops import gated_lora
 from torch import nn
 
 from .config import LoraConfig
@@ -27,11 +28,10 @@ def gated_lora_delta(
 ) -> torch.Tensor:
     """y[rows] += scale * B(A(x[rows])) on 2D y [T, out], x [T, in]; other rows untouched.
 
-    Out of place (autograd through the base output stays valid). This is the one place to
-    switch to `idlm_kernels.ops.gated_lora` once it exists.
+    The math (and its autograd) is the project's op `idlm_kernels.ops.gated_lora`, shared with
+    serving, so training and the plugin add the delta the same way.
     """
-    delta = (x.index_select(0, rows) @ lora_a.t()) @ lora_b.t()
-    return y.index_add(0, rows, delta.to(y.dtype), alpha=scale)
+    return gated_lora(y, x, lora_a, lora_b, rows, scale)
 
 
 @dataclass
