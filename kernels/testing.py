@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from idlm_kernels.isd_sample import _SAMPLING_EPS, row_layout, target_probs
+from idlm_kernels.isd_sample import _SAMPLING_EPS, IsdStep, row_layout, target_probs
 from torch import Tensor
 
 Mode = Literal["greedy", "random", "mixed"]
@@ -149,3 +149,15 @@ def assert_close_to_gold(
         raise AssertionError(
             f"{name}: error {actual_err:.3g} > 2 x reference error {reference_err:.3g} + {atol:g}"
         )
+
+
+def assert_isd_steps_match(actual: IsdStep, reference: IsdStep, batch: IsdBatch) -> None:
+    """Token outputs ``torch.equal``; next draft probs within the tolerance rule of the fp64 gold."""
+    for name in ("output_token_ids", "num_accepted", "next_draft_ids"):
+        got, want = getattr(actual, name).cpu(), getattr(reference, name).cpu()
+        if not torch.equal(got, want):
+            raise AssertionError(f"{name} differs:\n{got.tolist()}\nvs reference\n{want.tolist()}")
+    assert_close_to_gold(
+        actual.next_draft_probs, reference.next_draft_probs, gold_next_draft_probs(batch),
+        name="next_draft_probs",
+    )  # fmt: skip

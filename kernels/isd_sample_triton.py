@@ -1,0 +1,336 @@
+"""Triton kernel for ``isd_verify_and_draft`` (semantics and vocabulary: ``idlm_kernels.isd_sample``).
+
+One program per logits row streams the row in vocab blocks (no sort, no [R, V] temporaries):
+
+1. max of the scaled logits ``z = logits / T`` (MASK = -inf) and its first argmax (greedy rows stop here);
+2. top-k: the k-th largest ``z`` by bisection on the order-preserving integer key of fp32 values, one
+   counting pass per step, exact after at most 32 steps;
+3. top-p: the smallest kept value whose strictly-larger mass is < top_p, by the same bisection on the
+   mass above a key;
+4. the normaliser over the kept entries, the draft's target prob (acceptance) and one pass that races
+   ``p~ / noise`` (bonus and next drafts) and ``max(0, p~ - q~) / noise`` (recovered), writing ``q~`` of
+   MASK rows.
+
+A second small program per request finds the first rejection and writes the output tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from idlm_kernels.isd_sample import IsdStep
+from torch import Tensor
+
+# Key of -inf: fp32 bits 0xFF800000 with the magnitude bits flipped (see _key).
+_KEY_NEG_INF = -2139095041
+
+
+@triton.jit
+def _key(z):
+    """Order-preserving int64 key of fp32 values (z must not be -0.0; callers add 0.0)."""
+    bits = z.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+
+
+@triton.jit
+def _scaled(logits_row, offs, vocab, mask_token_id, temp):
+    x = tl.load(logits_row + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+    x = tl.where(offs == mask_token_id, float("-inf"), x)
+    return tl.math.div_rn(x, temp) + 0.0  # + 0.0 turns -0.0 into +0.0 for _key
+
+
+@triton.jit
+def _max_argmax(logits_row, vocab, mask_token_id, temp, BLOCK: tl.constexpr):
+    best = tl.full((), float("-inf"), tl.float32)
+    best_idx = tl.full((), 0, tl.int64)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        z = _scaled(logits_row, offs, vocab, mask_token_id, temp)
+        block_max = tl.max(z, 0)
+        block_idx = start + tl.argmax(z, 0, tie_break_left=True).to(tl.int64)
+        take = block_max > best
+        best_idx = tl.where(take, block_idx, best_idx)
+        best = tl.where(take, block_max, best)
+    return best, best_idx
+
+
+@triton.jit
+def _count_at_least(logits_row, vocab, mask_token_id, temp, bound, BLOCK: tl.constexpr):
+    count = tl.full((), 0, tl.int64)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        z = _scaled(logits_row, offs, vocab, mask_token_id, temp)
+        count += tl.sum(((_key(z) >= bound) & (offs < vocab)).to(tl.int64), 0)
+    return count
+
+
+@triton.jit
+def _mass_above(logits_row, vocab, mask_token_id, temp, z_max, floor, bound, BLOCK: tl.constexpr):
+    """Sum of exp(z - z_max) over entries with key > bound and key >= floor."""
+    mass = tl.full((), 0.0, tl.float32)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        z = _scaled(logits_row, offs, vocab, mask_token_id, temp)
+        key = _key(z)
+        mass += tl.sum(tl.where((key > bound) & (key >= floor), tl.exp(z - z_max), 0.0), 0)
+    return mass
+
+
+@triton.jit
+def _top_k_key(logits_row, vocab, mask_token_id, temp, k, key_max, BLOCK: tl.constexpr):
+    """Key of the k-th largest z: the largest key with at least k entries at or above it."""
+    lo = tl.full((), _KEY_NEG_INF, tl.int64)  # every entry is >= -inf
+    hi = key_max + 1  # no entry is above the max
+    while hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        enough = _count_at_least(logits_row, vocab, mask_token_id, temp, mid, BLOCK) >= k
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid)
+    return lo
+
+
+@triton.jit
+def _top_p_key(
+    logits_row, vocab, mask_token_id, temp, z_max, floor, key_max, top_p, BLOCK: tl.constexpr
+):
+    """Smallest key whose strictly-larger mass (within the top-k set) is < top_p of that set."""
+    kept_mass = _mass_above(logits_row, vocab, mask_token_id, temp, z_max, floor, floor - 1, BLOCK)
+    budget = top_p * kept_mass
+    lo = floor - 1  # mass above = kept_mass >= budget
+    hi = key_max  # mass above = 0 < budget when top_p > 0
+    lo = tl.where(budget > 0, lo, hi - 1)  # top_p <= 0 keeps only the max
+    while hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        small = (
+            _mass_above(logits_row, vocab, mask_token_id, temp, z_max, floor, mid, BLOCK) < budget
+        )
+        hi = tl.where(small, mid, hi)
+        lo = tl.where(small, lo, mid)
+    return hi
+
+
+@triton.jit
+def _race(
+    logits_row,
+    noise_row,
+    q_row,
+    probs_row,
+    q_limit,
+    probs_limit,
+    vocab,
+    mask_token_id,
+    temp,
+    z_max,
+    threshold,
+    total,
+    BLOCK: tl.constexpr,
+):
+    """argmax(p~ / noise), argmax(max(0, p~ - q~) / noise), whether that residual is non-zero.
+
+    q~ is read below ``q_limit`` and p~ written below ``probs_limit`` (vocab or 0: a bound, not a
+    flag, because the interpreter rejects a scalar flag broadcast into a mask).
+    """
+    best_p = tl.full((), -1.0, tl.float32)
+    best_r = tl.full((), -1.0, tl.float32)
+    idx_p = tl.full((), 0, tl.int64)
+    idx_r = tl.full((), 0, tl.int64)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        in_range = offs < vocab
+        z = _scaled(logits_row, offs, vocab, mask_token_id, temp)
+        p = tl.where(_key(z) >= threshold, tl.exp(z - z_max) / total, 0.0)
+        tl.store(probs_row + offs, p, mask=offs < probs_limit)
+        noise = tl.load(noise_row + offs, mask=in_range, other=1.0)
+        q = tl.load(q_row + offs, mask=offs < q_limit, other=0.0)
+        score_p = p / noise
+        score_r = tl.maximum(p - q, 0.0) / noise
+        block_p = tl.max(score_p, 0)
+        block_r = tl.max(score_r, 0)
+        take_p = block_p > best_p
+        take_r = block_r > best_r
+        idx_p = tl.where(
+            take_p, start + tl.argmax(score_p, 0, tie_break_left=True).to(tl.int64), idx_p
+        )
+        idx_r = tl.where(
+            take_r, start + tl.argmax(score_r, 0, tie_break_left=True).to(tl.int64), idx_r
+        )
+        best_p = tl.maximum(best_p, block_p)
+        best_r = tl.maximum(best_r, block_r)
+    return idx_p, idx_r, best_r > 0
+
+
+@triton.jit
+def _isd_rows_kernel(
+    logits, stride_logits, noise, stride_noise, draft_probs, stride_draft_probs, draft_ids, uniforms,
+    row_req, row_start, num_draft, cu_draft, cu_mask, temperature, top_k, top_p,
+    accepted_out, recovered_out, bonus_out, next_ids_out, next_probs_out, stride_next_probs,
+    vocab, mask_token_id, HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    req = tl.load(row_req + row)
+    local = row - tl.load(row_start + req)
+    n = tl.load(num_draft + req)
+    is_draft = local < n
+    is_bonus = local == n
+    is_mask = local > n
+    draft_idx = tl.load(cu_draft + req) + local
+    mask_idx = tl.load(cu_mask + req) + local - n - 1
+    logits_row = logits + row * stride_logits
+    next_probs_row = next_probs_out + mask_idx * stride_next_probs
+    temp = tl.load(temperature + req)
+    greedy = temp < 1e-5
+    temp = tl.where(greedy, 1.0, temp)
+    z_max, top = _max_argmax(logits_row, vocab, mask_token_id, temp, BLOCK)
+    if greedy:
+        draft = tl.load(draft_ids + draft_idx, mask=is_draft, other=0)
+        tl.store(accepted_out + draft_idx, (draft == top).to(tl.int8), mask=is_draft)
+        tl.store(recovered_out + draft_idx, top, mask=is_draft)
+        tl.store(bonus_out + req, top, mask=is_bonus)
+        tl.store(next_ids_out + mask_idx, top, mask=is_mask)
+        if is_mask:
+            for start in range(0, vocab, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                tl.store(next_probs_row + offs, tl.zeros((BLOCK,), tl.float32), mask=offs < vocab)
+    else:
+        k = tl.load(top_k + req)
+        p_top = tl.load(top_p + req)
+        key_max = _key(z_max)
+        threshold = tl.full((), _KEY_NEG_INF, tl.int64)
+        if (k > 0) & (k < vocab):
+            threshold = _top_k_key(logits_row, vocab, mask_token_id, temp, k, key_max, BLOCK)
+        if p_top < 1.0:
+            threshold = _top_p_key(
+                logits_row, vocab, mask_token_id, temp, z_max, threshold, key_max, p_top, BLOCK
+            )
+        total = _mass_above(
+            logits_row, vocab, mask_token_id, temp, z_max, threshold, threshold - 1, BLOCK
+        )
+        q_row = draft_probs + draft_idx * stride_draft_probs
+        use_q = is_draft & HAS_DRAFT_PROBS
+        raced, recovered, residual_nonzero = _race(
+            logits_row, noise + row * stride_noise, q_row, next_probs_row,
+            tl.where(use_q, vocab, 0), tl.where(is_mask, vocab, 0),
+            vocab, mask_token_id, temp, z_max, threshold, total, BLOCK,
+        )  # fmt: skip
+        if is_draft:
+            draft = tl.load(draft_ids + draft_idx)
+            z_draft = _scaled(logits_row, draft, vocab, mask_token_id, temp)
+            p_draft = tl.where(_key(z_draft) >= threshold, tl.exp(z_draft - z_max) / total, 0.0)
+            q_draft = tl.load(q_row + draft, mask=use_q, other=0.0)
+            u = tl.load(uniforms + draft_idx)
+            ok = (q_draft > 0) & (p_draft.to(tl.float64) >= u * q_draft.to(tl.float64))
+            tl.store(accepted_out + draft_idx, ok.to(tl.int8))
+            tl.store(recovered_out + draft_idx, tl.where(residual_nonzero, recovered, raced))
+        tl.store(bonus_out + req, raced, mask=is_bonus)
+        tl.store(next_ids_out + mask_idx, raced, mask=is_mask)
+
+
+@triton.jit
+def _assemble_kernel(
+    draft_ids, accepted, recovered, bonus, num_draft, cu_draft, output, num_accepted_out,
+    width, BLOCK_W: tl.constexpr,
+):  # fmt: skip
+    req = tl.program_id(0).to(tl.int64)
+    n = tl.load(num_draft + req)
+    first = tl.load(cu_draft + req)
+    pos = tl.arange(0, BLOCK_W).to(tl.int64)
+    valid = pos < n
+    ok = tl.load(accepted + first + pos, mask=valid, other=0)
+    num_accepted = tl.min(tl.where(valid & (ok == 0), pos, n), 0)
+    drafts = tl.load(draft_ids + first + pos, mask=valid, other=-1)
+    rejected = num_accepted < n
+    recovered_id = tl.load(recovered + first + num_accepted, mask=rejected, other=0)
+    emitted = tl.where(rejected, recovered_id, tl.load(bonus + req))
+    tokens = tl.where(pos < num_accepted, drafts, tl.where(pos == num_accepted, emitted, -1))
+    tl.store(output + req * width + pos, tokens, mask=pos < width)
+    tl.store(num_accepted_out + req, num_accepted)
+
+
+def _check(
+    name: str, t: Tensor, ndim: int, dtypes: tuple[torch.dtype, ...], device: torch.device
+) -> None:
+    if t.ndim != ndim or t.dtype not in dtypes or t.device != device:
+        raise ValueError(
+            f"{name}: got {t.ndim}-d {t.dtype} on {t.device}, "
+            f"expected {ndim}-d {'/'.join(str(d) for d in dtypes)} on {device}"
+        )
+    if t.numel() and t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim (strides {t.stride()})")
+
+
+def isd_verify_and_draft_triton(
+    logits: Tensor,
+    draft_token_ids: Tensor,
+    draft_probs: Tensor,
+    num_draft_tokens: Tensor,
+    num_mask_tokens: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    uniforms: Tensor,
+    noise: Tensor,
+    mask_token_id: int,
+    max_num_draft_tokens: int | None = None,
+) -> IsdStep:
+    """Triton twin of ``isd_verify_and_draft_ref`` (same signature, same outputs).
+
+    Unlike the ref, an empty ``draft_probs`` is not checked against the requests' temperatures
+    (that would sync): random requests' drafts then count as having zero draft prob (rejected).
+    """
+    device = logits.device
+    num_rows, vocab = logits.shape
+    num_reqs, num_drafts = num_draft_tokens.shape[0], draft_token_ids.shape[0]
+    _check("logits", logits, 2, (torch.float32, torch.bfloat16, torch.float16), device)
+    _check("noise", noise, 2, (torch.float32,), device)
+    _check("draft_probs", draft_probs, 2, (torch.float32,), device)
+    _check("draft_token_ids", draft_token_ids, 1, (torch.int64,), device)
+    _check("uniforms", uniforms, 1, (torch.float64,), device)
+    if noise.shape != logits.shape or uniforms.shape[0] != num_drafts:
+        raise ValueError(f"noise {tuple(noise.shape)} / uniforms {tuple(uniforms.shape)} mis-sized")
+    if draft_probs.shape[0] not in (0, num_drafts) or draft_probs.shape[1] != vocab:
+        raise ValueError(
+            f"draft_probs {tuple(draft_probs.shape)}, expected [{num_drafts}, {vocab}]"
+        )
+    if not 0 <= mask_token_id < vocab:
+        raise ValueError(f"mask_token_id {mask_token_id} outside the vocab of {vocab}")
+    n = num_draft_tokens.to(device=device, dtype=torch.int64)
+    m = num_mask_tokens.to(device=device, dtype=torch.int64)
+    rows_per_req = 1 + n + m
+    row_start = torch.cumsum(rows_per_req, 0) - rows_per_req
+    row_req = torch.repeat_interleave(
+        torch.arange(num_reqs, device=device), rows_per_req, output_size=num_rows
+    )
+    num_masks = num_rows - num_reqs - num_drafts
+    if max_num_draft_tokens is None:
+        max_num_draft_tokens = int(n.max()) if num_reqs else 0
+
+    accepted = torch.empty(num_drafts, dtype=torch.int8, device=device)
+    recovered = torch.empty(num_drafts, dtype=torch.int64, device=device)
+    bonus = torch.empty(num_reqs, dtype=torch.int64, device=device)
+    next_ids = torch.empty(num_masks, dtype=torch.int64, device=device)
+    next_probs = torch.empty(num_masks, vocab, dtype=torch.float32, device=device)
+    output = torch.empty(num_reqs, max_num_draft_tokens + 1, dtype=torch.int64, device=device)
+    num_accepted = torch.empty(num_reqs, dtype=torch.int64, device=device)
+    if num_reqs == 0:
+        return IsdStep(output, num_accepted, next_ids, next_probs)
+    cu_draft = torch.cumsum(n, 0) - n
+    cu_mask = torch.cumsum(m, 0) - m
+    block = min(triton.next_power_of_2(vocab), 4096)
+    _isd_rows_kernel[(num_rows,)](
+        logits, logits.stride(0), noise, noise.stride(0), draft_probs,
+        max(draft_probs.stride(0), vocab), draft_token_ids, uniforms,
+        row_req, row_start, n, cu_draft, cu_mask,
+        temperature.to(device=device, dtype=torch.float32),
+        top_k.to(device=device, dtype=torch.int64),
+        top_p.to(device=device, dtype=torch.float32),
+        accepted, recovered, bonus, next_ids, next_probs, vocab,
+        vocab, mask_token_id,
+        HAS_DRAFT_PROBS=draft_probs.shape[0] > 0, BLOCK=block, num_warps=8,
+    )  # fmt: skip
+    width = max_num_draft_tokens + 1
+    _assemble_kernel[(num_reqs,)](
+        draft_token_ids, accepted, recovered, bonus, n, cu_draft, output, num_accepted,
+        width, BLOCK_W=triton.next_power_of_2(width),
+    )  # fmt: skip
+    return IsdStep(output, num_accepted, next_ids, next_probs)
