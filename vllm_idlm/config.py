@@ -1,0 +1,139 @@
+"""User-facing ISD options: what `--speculative-config '{"method": "idlm", ...}'` accepts.
+
+vLLM-free. The plugin translates these options into vLLM's own speculative config
+(`custom_class` with 2K draft slots: K real drafts followed by K MASK slots) and carries
+them to the workers in `additional_config["idlm"]`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+METHOD = "idlm"
+ADDITIONAL_CONFIG_KEY = "idlm"
+# Keys of vLLM's own speculative config that keep their meaning under ISD.
+_PASSTHROUGH_KEYS = frozenset({"disable_by_batch_size", "max_model_len"})
+_ISD_KEYS = frozenset({"method", "num_speculative_tokens", "draft_lora", "uniform_query_len"})
+
+
+@dataclass(frozen=True)
+class IsdOptions:
+    """ISD configuration of one engine.
+
+    num_drafts: K, the drafts verified per step (stride N = K + 1, so at most K + 1
+        tokens per forward).
+    draft_lora: path of a gated-LoRA adapter (lossless mode) or None.
+    uniform_query_len: pad cold starts with extra MASK slots so that every decode step
+        has the same query length (1 + 2K), which full CUDA graphs need.
+    mask_token_id: resolved from the checkpoint (or the adapter) at startup.
+    passthrough: vLLM speculative-config keys forwarded unchanged.
+    """
+
+    num_drafts: int
+    draft_lora: str | None = None
+    uniform_query_len: bool = False
+    mask_token_id: int | None = None
+    passthrough: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_drafts, bool) or not isinstance(self.num_drafts, int):
+            raise ValueError(
+                f"idlm: num_speculative_tokens must be an integer >= 1, got {self.num_drafts!r}"
+            )
+        if self.num_drafts < 1:
+            raise ValueError(
+                f"idlm: num_speculative_tokens must be >= 1 (K drafts per step), got {self.num_drafts}"
+            )
+        if self.draft_lora is not None and not os.path.isdir(self.draft_lora):
+            raise ValueError(f"idlm: draft_lora {self.draft_lora!r} is not a directory")
+
+    @property
+    def num_slots(self) -> int:
+        """Draft slots vLLM schedules per step: K drafts + K MASKs."""
+        return 2 * self.num_drafts
+
+    @classmethod
+    def from_user(cls, spec: dict[str, Any]) -> IsdOptions:
+        spec = {k.replace("-", "_"): v for k, v in spec.items()}
+        unknown = set(spec) - _ISD_KEYS - _PASSTHROUGH_KEYS
+        if unknown:
+            raise ValueError(
+                f"idlm: unknown speculative-config key(s) {sorted(unknown)}; "
+                f"accepted: {sorted(_ISD_KEYS | _PASSTHROUGH_KEYS)}"
+            )
+        if "num_speculative_tokens" not in spec:
+            raise ValueError("idlm: num_speculative_tokens (K, drafts per step) is required")
+        return cls(
+            num_drafts=spec["num_speculative_tokens"],
+            draft_lora=spec.get("draft_lora"),
+            uniform_query_len=bool(spec.get("uniform_query_len", False)),
+            passthrough={k: spec[k] for k in _PASSTHROUGH_KEYS if k in spec},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> IsdOptions:
+        return cls(**data)
+
+    def with_mask_token_id(self, mask_token_id: int) -> IsdOptions:
+        data = self.to_dict()
+        data["mask_token_id"] = int(mask_token_id)
+        return IsdOptions.from_dict(data)
+
+
+@dataclass(frozen=True)
+class CheckpointFacts:
+    """The I-DLM facts a checkpoint (or a gated adapter) carries."""
+
+    mask_token_id: int
+    strides: tuple[int, ...]
+    source: str
+
+    def check_num_drafts(self, num_drafts: int) -> str | None:
+        """A warning when K + 1 is not among the strides the checkpoint was trained for."""
+        if self.strides and num_drafts + 1 not in self.strides:
+            return (
+                f"idlm: num_speculative_tokens={num_drafts} means stride N={num_drafts + 1}, "
+                f"but {self.source} was trained for strides {list(self.strides)}; "
+                "acceptance will likely be low"
+            )
+        return None
+
+
+def read_checkpoint_facts(hf_config: Any, source: str) -> CheckpointFacts:
+    """Read the MASK id and trained strides from an HF config object or dict.
+
+    Accepts our checkpoints (`mask_token_id`, `idlm.strides`) and the published layout
+    (`mask_token_id`, `block_size` = N - 1).
+    """
+    get = hf_config.get if isinstance(hf_config, dict) else lambda k, d=None: getattr(hf_config, k, d)
+    idlm = get("idlm") or {}
+    mask_token_id = get("mask_token_id", None)
+    if mask_token_id is None:
+        mask_token_id = idlm.get("mask_token_id")
+    if mask_token_id is None:
+        raise ValueError(
+            f"idlm: {source} is not an I-DLM checkpoint: its config has no mask_token_id "
+            "(convert it with `idlm-train convert`, or serve a base model with a gated "
+            "adapter via draft_lora)"
+        )
+    strides = tuple(idlm.get("strides", ()))
+    if not strides and get("block_size", None):
+        strides = (int(get("block_size")) + 1,)
+    return CheckpointFacts(int(mask_token_id), strides, source)
+
+
+def read_adapter_facts(adapter_dir: str) -> CheckpointFacts:
+    """The MASK id and strides recorded by `idlm-train lora` (idlm_gate.json) or a
+    published PEFT adapter's config."""
+    gate_path = os.path.join(adapter_dir, "idlm_gate.json")
+    if os.path.exists(gate_path):
+        with open(gate_path) as f:
+            return read_checkpoint_facts(json.load(f), gate_path)
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        return read_checkpoint_facts(json.load(f), adapter_dir)

@@ -1,0 +1,119 @@
+"""Translate the user's `"method": "idlm"` into vLLM's own speculative config.
+
+vLLM's SpeculativeConfig forbids unknown methods and keys, so this runs in the API /
+LLM process around `EngineArgs.create_engine_config`, before that config is built:
+idlm becomes `custom_class` with 2K draft slots (K drafts + K MASKs), the ISD options
+travel to the workers in `additional_config["idlm"]`, and the checkpoint is checked.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
+
+from vllm_idlm.config import (
+    ADDITIONAL_CONFIG_KEY,
+    METHOD,
+    IsdOptions,
+    read_adapter_facts,
+    read_checkpoint_facts,
+)
+
+logger = logging.getLogger("vllm_idlm")
+PROPOSER_CLASS = "vllm_idlm.engine.proposer.IsdProposer"
+SCHEDULER_CLASS = "vllm_idlm.engine.scheduler.IsdScheduler"
+GATED_ARCHITECTURE = "IdlmForCausalLM"
+
+
+def _user_spec(args: EngineArgs) -> dict | None:
+    spec = args.speculative_config
+    if isinstance(spec, str):
+        spec = json.loads(spec)
+    if isinstance(spec, dict) and spec.get("method") == METHOD:
+        return dict(spec)
+    if args.spec_method == METHOD:
+        spec = dict(spec or {})
+        spec["method"] = METHOD
+        if args.spec_tokens is not None:
+            spec["num_speculative_tokens"] = args.spec_tokens
+        return spec
+    return None
+
+
+def translate(args: EngineArgs) -> IsdOptions | None:
+    """Rewrite `args` in place for ISD; returns the options, or None when ISD is off."""
+    spec = _user_spec(args)
+    if spec is None:
+        return None
+    options = IsdOptions.from_user(spec)
+    if options.num_slots > MAX_SPEC_LEN:
+        raise ValueError(
+            f"idlm: num_speculative_tokens={options.num_drafts} needs {options.num_slots} "
+            f"draft slots per step (K drafts + K MASKs); vLLM schedules at most {MAX_SPEC_LEN}"
+        )
+    if args.enable_lora and options.draft_lora:
+        raise ValueError(
+            "idlm: draft_lora (the gated ISD adapter) cannot be combined with --enable-lora; "
+            "serve ordinary LoRA adapters from a separate engine"
+        )
+    args.spec_method = None
+    args.spec_tokens = None
+    args.speculative_config = {
+        "method": "custom_class",
+        "model": PROPOSER_CLASS,
+        "num_speculative_tokens": options.num_slots,
+        **options.passthrough,
+    }
+    if args.scheduler_cls in (None, "vllm.v1.core.sched.scheduler.Scheduler"):
+        args.scheduler_cls = SCHEDULER_CLASS
+    else:
+        logger.warning("idlm: custom scheduler %s kept; MASK slots count as drafts in "
+                       "its spec-decoding metrics", args.scheduler_cls)
+    if options.draft_lora:
+        overrides = dict(args.hf_overrides or {}) if isinstance(args.hf_overrides, dict) else {}
+        overrides["architectures"] = [GATED_ARCHITECTURE]
+        args.hf_overrides = overrides
+    return options
+
+
+def resolve(vllm_config, options: IsdOptions) -> None:
+    """Check the checkpoint against the options and publish them to the workers."""
+    model_config = vllm_config.model_config
+    if options.draft_lora:
+        facts = read_adapter_facts(options.draft_lora)
+    else:
+        facts = read_checkpoint_facts(model_config.hf_config, model_config.model)
+    vocab = model_config.get_vocab_size()
+    if not 0 <= facts.mask_token_id < vocab:
+        raise ValueError(
+            f"idlm: mask_token_id {facts.mask_token_id} of {facts.source} is outside the "
+            f"model's vocabulary of {vocab}"
+        )
+    warning = facts.check_num_drafts(options.num_drafts)
+    if warning:
+        logger.warning(warning)
+    resolved = options.with_mask_token_id(facts.mask_token_id)
+    additional = dict(vllm_config.additional_config or {})
+    additional[ADDITIONAL_CONFIG_KEY] = resolved.to_dict()
+    vllm_config.additional_config = additional
+
+
+def install() -> None:
+    original = EngineArgs.create_engine_config
+    if getattr(original, "_idlm_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def create_engine_config(self, *args, **kwargs):
+        options = translate(self)
+        vllm_config = original(self, *args, **kwargs)
+        if options is not None:
+            resolve(vllm_config, options)
+        return vllm_config
+
+    create_engine_config._idlm_wrapped = True
+    EngineArgs.create_engine_config = create_engine_config
