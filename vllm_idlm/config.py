@@ -111,7 +111,9 @@ def read_checkpoint_facts(hf_config: Any, source: str) -> CheckpointFacts:
     Accepts our checkpoints (`mask_token_id`, `idlm.strides`) and the published layout
     (`mask_token_id`, `block_size` = N - 1).
     """
-    get = hf_config.get if isinstance(hf_config, dict) else lambda k, d=None: getattr(hf_config, k, d)
+    get = (
+        hf_config.get if isinstance(hf_config, dict) else lambda k, d=None: getattr(hf_config, k, d)
+    )
     idlm = get("idlm") or {}
     mask_token_id = get("mask_token_id", None)
     if mask_token_id is None:

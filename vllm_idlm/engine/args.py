@@ -71,8 +71,11 @@ def translate(args: EngineArgs) -> IsdOptions | None:
     if args.scheduler_cls in (None, "vllm.v1.core.sched.scheduler.Scheduler"):
         args.scheduler_cls = SCHEDULER_CLASS
     else:
-        logger.warning("idlm: custom scheduler %s kept; MASK slots count as drafts in "
-                       "its spec-decoding metrics", args.scheduler_cls)
+        logger.warning(
+            "idlm: custom scheduler %s kept; MASK slots count as drafts in "
+            "its spec-decoding metrics",
+            args.scheduler_cls,
+        )
     if options.draft_lora:
         overrides = dict(args.hf_overrides or {}) if isinstance(args.hf_overrides, dict) else {}
         overrides["architectures"] = [GATED_ARCHITECTURE]

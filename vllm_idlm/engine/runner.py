@@ -22,8 +22,12 @@ def install() -> None:
         if isinstance(drafter, IsdProposer):
             drafter.bind_runner(self)
             self.rejection_sampler = IsdRejectionSampler(
-                self.sampler, self.speculative_config, self.device, self,
-                drafter.options, drafter.state,
+                self.sampler,
+                self.speculative_config,
+                self.device,
+                self,
+                drafter.options,
+                drafter.state,
             )
 
     __init__._idlm_wrapped = True

@@ -40,8 +40,9 @@ def split_draft_slots(slot_ids: list[int], num_slots: list[int], mask_token_id: 
 
 
 class IsdRejectionSampler(RejectionSampler):
-    def __init__(self, sampler, spec_config, device, runner: Any, options: IsdOptions,
-                 state: IsdState) -> None:
+    def __init__(
+        self, sampler, spec_config, device, runner: Any, options: IsdOptions, state: IsdState
+    ) -> None:
         super().__init__(sampler, spec_config, device)
         self._runner = runner
         self.options = options
@@ -91,8 +92,10 @@ class IsdRejectionSampler(RejectionSampler):
             mask_id,
         )
         output = torch.full(
-            (batch_size, metadata.max_spec_len + 1), PLACEHOLDER_TOKEN_ID,
-            dtype=torch.int32, device=logits.device,
+            (batch_size, metadata.max_spec_len + 1),
+            PLACEHOLDER_TOKEN_ID,
+            dtype=torch.int32,
+            device=logits.device,
         )
         output[:, : step.output_token_ids.shape[1]] = step.output_token_ids.to(torch.int32)
         num_accepted = step.num_accepted.tolist()

@@ -31,12 +31,21 @@ class IsdScheduler(Scheduler):
         output.num_invalid_spec_tokens = invalid
         return output
 
-    def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens,
-                                 num_accepted_tokens, num_invalid_spec_tokens, request_id):
+    def make_spec_decoding_stats(
+        self,
+        spec_decoding_stats,
+        num_draft_tokens,
+        num_accepted_tokens,
+        num_invalid_spec_tokens,
+        request_id,
+    ):
         if spec_decoding_stats is None and self.log_stats and num_draft_tokens:
             # Per-position counters sized for the real drafts (K), not the 2K slots.
             spec_decoding_stats = SpecDecodingStats.new(self.num_spec_tokens // 2)
         return super().make_spec_decoding_stats(
-            spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
-            num_invalid_spec_tokens, request_id,
+            spec_decoding_stats,
+            num_draft_tokens,
+            num_accepted_tokens,
+            num_invalid_spec_tokens,
+            request_id,
         )
