@@ -19,8 +19,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from idlm_kernels.isd_sample import IsdStep
 from torch import Tensor
+
+from idlm_kernels.isd_sample import IsdStep
 
 # Key of -inf: fp32 bits 0xFF800000 with the magnitude bits flipped (see _key).
 _KEY_NEG_INF = -2139095041
@@ -247,6 +248,11 @@ def _assemble_kernel(
     tl.store(num_accepted_out + req, num_accepted)
 
 
+def _ptr(t: Tensor) -> Tensor:
+    """A tensor safe to pass as a kernel pointer: empty tensors may have a null data pointer."""
+    return t if t.numel() else torch.zeros(1, dtype=t.dtype, device=t.device)
+
+
 def _check(
     name: str, t: Tensor, ndim: int, dtypes: tuple[torch.dtype, ...], device: torch.device
 ) -> None:
@@ -318,19 +324,20 @@ def isd_verify_and_draft_triton(
     cu_mask = torch.cumsum(m, 0) - m
     block = min(triton.next_power_of_2(vocab), 4096)
     _isd_rows_kernel[(num_rows,)](
-        logits, logits.stride(0), noise, noise.stride(0), draft_probs,
-        max(draft_probs.stride(0), vocab), draft_token_ids, uniforms,
+        logits, logits.stride(0), noise, noise.stride(0), _ptr(draft_probs), draft_probs.stride(0),
+        _ptr(draft_token_ids), _ptr(uniforms),
         row_req, row_start, n, cu_draft, cu_mask,
         temperature.to(device=device, dtype=torch.float32),
         top_k.to(device=device, dtype=torch.int64),
         top_p.to(device=device, dtype=torch.float32),
-        accepted, recovered, bonus, next_ids, next_probs, vocab,
+        _ptr(accepted), _ptr(recovered), bonus, _ptr(next_ids), _ptr(next_probs), vocab,
         vocab, mask_token_id,
         HAS_DRAFT_PROBS=draft_probs.shape[0] > 0, BLOCK=block, num_warps=8,
     )  # fmt: skip
     width = max_num_draft_tokens + 1
     _assemble_kernel[(num_reqs,)](
-        draft_token_ids, accepted, recovered, bonus, n, cu_draft, output, num_accepted,
+        _ptr(draft_token_ids), _ptr(accepted), _ptr(recovered), bonus, n, cu_draft, output,
+        num_accepted,
         width, BLOCK_W=triton.next_power_of_2(width),
     )  # fmt: skip
     return IsdStep(output, num_accepted, next_ids, next_probs)

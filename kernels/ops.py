@@ -16,9 +16,10 @@ from functools import cache
 from typing import Literal, get_args
 
 import torch
+from torch import Tensor
+
 from idlm_kernels.gated_lora import LoraWeights, gated_lora_autograd, gated_lora_ref
 from idlm_kernels.isd_sample import IsdStep, isd_verify_and_draft_ref
-from torch import Tensor
 
 Backend = Literal["auto", "triton", "ref"]
 _BACKENDS: tuple[str, ...] = get_args(Backend)

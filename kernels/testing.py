@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from idlm_kernels.isd_sample import _SAMPLING_EPS, IsdStep, row_layout, target_probs
 from torch import Tensor
+
+from idlm_kernels.isd_sample import _SAMPLING_EPS, IsdStep, row_layout, target_probs
 
 Mode = Literal["greedy", "random", "mixed"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from idlm_kernels import ops
 from idlm_kernels.gated_lora import gated_lora_ref
 

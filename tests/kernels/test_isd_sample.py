@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import Tensor
+
 from idlm_kernels.isd_sample import filter_logits, isd_verify_and_draft_ref, target_probs
 from idlm_kernels.testing import IsdBatch, make_isd_batch
-from torch import Tensor
 
 NEG = -20.0
 

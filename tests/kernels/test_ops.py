@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+
 from idlm_kernels import ops
 
 

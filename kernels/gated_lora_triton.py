@@ -1,0 +1,146 @@
+"""Triton forward for gated LoRA (semantics: ``idlm_kernels.gated_lora``).
+
+Two kernels per slice, both over the gathered rows only:
+
+- shrink: ``partial[s] = x[rows, k-chunk s] @ lora_a[:, k-chunk s].T`` in fp32, split over ``in`` so a
+  handful of gated rows still spreads over many programs (a deterministic split: partials are summed
+  by the expand kernel, no atomics);
+- expand: ``y[rows, slice] = y[rows, slice] + scale * sum_s(partial[s]) @ lora_b.T``, in fp32, then
+  rounded to y's dtype. Rows outside ``rows`` are never loaded or stored.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from idlm_kernels.gated_lora import LoraWeights, lora_slices
+
+
+@triton.jit
+def _shrink_kernel(
+    x, stride_x, lora_a, stride_a, rows, partial, num_rows, d_in, rank, k_per_split,
+    BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
+):  # fmt: skip
+    pid_g = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_g = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
+    offs_r = tl.arange(0, BLOCK_R)
+    row_ids = tl.load(rows + offs_g, mask=offs_g < num_rows, other=0)
+    acc = tl.zeros((BLOCK_G, BLOCK_R), tl.float32)
+    k_start = split * k_per_split
+    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = (offs_k < d_in) & (offs_k < k_start + k_per_split)
+        x_blk = tl.load(
+            x + row_ids[:, None] * stride_x + offs_k[None, :],
+            mask=(offs_g[:, None] < num_rows) & k_ok[None, :],
+            other=0.0,
+        )
+        a_blk = tl.load(
+            lora_a + offs_r[None, :] * stride_a + offs_k[:, None],
+            mask=(offs_r[None, :] < rank) & k_ok[:, None],
+            other=0.0,
+        )
+        if DOT_FP32:
+            acc += tl.dot(x_blk.to(tl.float32), a_blk.to(tl.float32), input_precision="ieee")
+        else:
+            acc += tl.dot(x_blk, a_blk)
+    out = partial + split * num_rows * BLOCK_R + offs_g[:, None] * BLOCK_R + offs_r[None, :]
+    tl.store(out, acc, mask=offs_g[:, None] < num_rows)
+
+
+@triton.jit
+def _expand_kernel(
+    y, stride_y, lora_b, stride_b, rows, partial, num_rows, d_out, rank, num_splits, scale,
+    BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+):  # fmt: skip
+    pid_g = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_g = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    g_ok = offs_g < num_rows
+    shrunk = tl.zeros((BLOCK_G, BLOCK_R), tl.float32)
+    for s in range(0, num_splits):
+        src = partial + s * num_rows * BLOCK_R + offs_g[:, None] * BLOCK_R + offs_r[None, :]
+        shrunk += tl.load(src, mask=g_ok[:, None], other=0.0)
+    b_blk = tl.load(
+        lora_b + offs_n[None, :] * stride_b + offs_r[:, None],
+        mask=(offs_n[None, :] < d_out) & (offs_r[:, None] < rank),
+        other=0.0,
+    )
+    if DOT_FP32:
+        delta = tl.dot(shrunk, b_blk.to(tl.float32), input_precision="ieee")
+    else:
+        delta = tl.dot(shrunk.to(b_blk.dtype), b_blk)
+    row_ids = tl.load(rows + offs_g, mask=g_ok, other=0)
+    ptrs = y + row_ids[:, None] * stride_y + offs_n[None, :]
+    ok = g_ok[:, None] & (offs_n[None, :] < d_out)
+    base = tl.load(ptrs, mask=ok, other=0.0)
+    tl.store(ptrs, (base.to(tl.float32) + scale * delta).to(base.dtype), mask=ok)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
+
+
+def _check_operand(name: str, t: Tensor, device: torch.device, dtype: torch.dtype) -> None:
+    if t.device != device or t.dtype != dtype:
+        raise ValueError(f"{name}: {t.dtype} on {t.device}, expected {dtype} on {device}")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim (strides {t.stride()})")
+
+
+def gated_lora_triton(
+    y: Tensor,
+    x: Tensor,
+    lora_a: LoraWeights,
+    lora_b: LoraWeights,
+    rows: Tensor,
+    scale: float,
+    output_slices: Sequence[int] | None = None,
+) -> Tensor:
+    """Triton twin of ``gated_lora_ref`` (same signature; in place on ``y``, which it returns)."""
+    if rows.numel() == 0:
+        return y
+    slices = lora_slices(y, x, lora_a, lora_b, output_slices)
+    device = y.device
+    _check_operand("y", y, device, y.dtype)
+    _check_operand("x", x, device, x.dtype)
+    if rows.ndim != 1 or rows.device != device:
+        raise ValueError(f"rows must be 1-d on {device}, got {tuple(rows.shape)} on {rows.device}")
+    rows = rows.to(torch.int64)
+    num_rows, d_in = rows.numel(), x.shape[1]
+    block_g = 16
+    block_k = 64
+    # fp32 inputs: exact fp32 products (no TF32). The interpreter (triton 3.9) computes bf16
+    # tl.dot wrongly, so it also takes the fp32 path there.
+    dot_fp32 = x.dtype == torch.float32 or _interpreting()
+    for s in slices:
+        _check_operand("lora_a", s.lora_a, device, x.dtype)
+        _check_operand("lora_b", s.lora_b, device, x.dtype)
+        rank = s.lora_a.shape[0]
+        block_r = max(16, triton.next_power_of_2(rank))
+        num_splits = min(16, triton.cdiv(d_in, block_k))
+        k_per_split = triton.cdiv(triton.cdiv(d_in, num_splits), block_k) * block_k
+        num_splits = triton.cdiv(d_in, k_per_split)
+        partial = torch.empty(num_splits, num_rows, block_r, dtype=torch.float32, device=device)
+        grid_g = triton.cdiv(num_rows, block_g)
+        _shrink_kernel[(grid_g, num_splits)](
+            x, x.stride(0), s.lora_a, s.lora_a.stride(0), rows, partial, num_rows, d_in, rank,
+            k_per_split, BLOCK_G=block_g, BLOCK_R=block_r, BLOCK_K=block_k, DOT_FP32=dot_fp32,
+        )  # fmt: skip
+        y_slice = y.narrow(1, s.offset, s.size)
+        block_n = 64 if block_r <= 64 else 32
+        _expand_kernel[(grid_g, triton.cdiv(s.size, block_n))](
+            y_slice, y.stride(0), s.lora_b, s.lora_b.stride(0), rows, partial, num_rows, s.size,
+            rank, num_splits, float(scale), BLOCK_G=block_g, BLOCK_R=block_r, BLOCK_N=block_n,
+            DOT_FP32=dot_fp32,
+        )  # fmt: skip
+    return y
