@@ -1,0 +1,34 @@
+"""Shared fixtures: the demo checkpoints (real, trained here) and held-out prompts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+DEMO_DIR = Path(os.environ.get("IDLM_DEMO_DIR", "~/.cache/vllm-idlm/demo")).expanduser()
+DEMO_PRESET = os.environ.get("IDLM_DEMO_PRESET", "demo")
+
+
+@pytest.fixture(scope="session")
+def demo_models() -> dict[str, Path]:
+    """DIR/base, DIR/idlm, DIR/lora of the embedded demo (built once, then cached;
+    `make test` builds them before the suite starts)."""
+    from idlm_training.config import load_recipe
+    from idlm_training.demo import build_demo
+
+    return build_demo(load_recipe(DEMO_PRESET), DEMO_DIR)
+
+
+@pytest.fixture(scope="session")
+def heldout_prompts(demo_models) -> list[list[int]]:
+    """64 prompts of 24 tokens from held-out stdlib files (never trained on)."""
+    from idlm_training.config import load_recipe
+    from idlm_training.corpus import load_corpus
+    from idlm_training.evaluate import make_prompts
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_models["idlm"])
+    _, heldout = load_corpus(load_recipe(DEMO_PRESET).corpus)
+    return make_prompts(tokenizer, heldout, count=64, length=24, seed=1234)

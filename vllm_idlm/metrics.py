@@ -1,0 +1,73 @@
+"""Read ISD's figures from vLLM's spec-decode metrics (`LLM.get_metrics()` or /metrics).
+
+vLLM-free. Under ISD a *round* is one forward of a request: a verify round (K drafts)
+or a cold start (no drafts). vLLM's counters then mean:
+`spec_decode_num_drafts` = rounds, `..._num_draft_tokens` = real drafts verified,
+`..._num_accepted_tokens` = drafts accepted, `..._per_pos[i]` = rounds whose draft i was
+accepted. Each round emits accepted + 1 tokens, so tokens per forward = mean acceptance
+length = 1 + accepted / rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+_PREFIX = "vllm:spec_decode_"
+
+
+@dataclass(frozen=True)
+class IsdMetrics:
+    num_drafts: int  # K
+    num_rounds: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_position: tuple[int, ...]
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_rounds if self.num_rounds else 0.0
+
+    @property
+    def cold_start_share(self) -> float:
+        """Rounds without drafts / all rounds (every verify round carries K drafts)."""
+        if not self.num_rounds:
+            return 0.0
+        return 1.0 - self.num_draft_tokens / (self.num_drafts * self.num_rounds)
+
+    @property
+    def acceptance_per_position(self) -> tuple[float, ...]:
+        """P(draft i accepted | a verify round reached position i)."""
+        verify_rounds = self.num_draft_tokens / self.num_drafts if self.num_drafts else 0
+        reached = [verify_rounds] + list(self.accepted_per_position[:-1])
+        return tuple(a / r if r else 0.0 for a, r in zip(self.accepted_per_position, reached))
+
+    def minus(self, earlier: IsdMetrics) -> IsdMetrics:
+        """The figures of the work done since `earlier` was read."""
+        return IsdMetrics(
+            self.num_drafts,
+            self.num_rounds - earlier.num_rounds,
+            self.num_draft_tokens - earlier.num_draft_tokens,
+            self.num_accepted_tokens - earlier.num_accepted_tokens,
+            tuple(a - b for a, b in zip(self.accepted_per_position, earlier.accepted_per_position)),
+        )
+
+
+def read_isd_metrics(metrics: Iterable[Any]) -> IsdMetrics:
+    """From vLLM's `Metric` objects (name plus `value` or `values`)."""
+    found: dict[str, Any] = {}
+    for metric in metrics:
+        name = metric.name
+        if name.startswith(_PREFIX):
+            found[name[len(_PREFIX) :]] = getattr(metric, "values", None) or getattr(
+                metric, "value", 0
+            )
+    per_pos = tuple(int(v) for v in found.get("num_accepted_tokens_per_pos", ()) or ())
+    return IsdMetrics(
+        num_drafts=len(per_pos),
+        num_rounds=int(found.get("num_drafts", 0) or 0),
+        num_draft_tokens=int(found.get("num_draft_tokens", 0) or 0),
+        num_accepted_tokens=int(found.get("num_accepted_tokens", 0) or 0),
+        accepted_per_position=per_pos,
+    )
