@@ -1,0 +1,117 @@
+"""At T > 0, ISD's output is distributed exactly as plain sampling of the same model.
+
+Two-sample chi-square homogeneity tests on the marginal distribution of generated
+tokens 3, 4 and 5 after fixed held-out prefixes (tokens 1 and 2 come from prefill and
+the cold start, where no draft is verified, so they cannot catch a biased verifier).
+Each test rejects at p < 1e-4; 4 sampling variants x 3 positions x 2 prefixes = 24
+tests, so the family-wise false-alarm rate is at most 24e-4 = 0.24% (Bonferroni), and
+the engines are seeded, so a given build either passes or fails reproducibly. The
+statistic's power is shown by `test_the_statistic_detects_a_mild_temperature_change`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from vllm import SamplingParams
+
+NUM_SAMPLES = 1200
+POSITIONS = (2, 3, 4)  # 0-based: generated tokens 3, 4, 5
+ALPHA = 1e-4
+VARIANTS = {
+    "T1": dict(temperature=1.0),
+    "T0.8-topk20": dict(temperature=0.8, top_k=20),
+    "T1-topp0.9": dict(temperature=1.0, top_p=0.9),
+    "T0.7-topk30-topp0.8": dict(temperature=0.7, top_k=30, top_p=0.8),
+}
+
+
+def chi_square_p_value(a: list[int], b: list[int], min_count: int = 10) -> float:
+    """p-value of the homogeneity test between two samples of categories; categories
+    with fewer than `min_count` pooled observations are merged into one bin."""
+    ca, cb = Counter(a), Counter(b)
+    pooled = ca + cb
+    frequent = [t for t, c in pooled.items() if c >= min_count]
+    rare = [t for t in pooled if t not in frequent]
+    table = [[ca[t] for t in frequent], [cb[t] for t in frequent]]
+    if rare:
+        table[0].append(sum(ca[t] for t in rare))
+        table[1].append(sum(cb[t] for t in rare))
+    obs = torch.tensor(table, dtype=torch.float64)
+    if obs.shape[1] < 2:
+        return 1.0
+    expected = obs.sum(1, keepdim=True) * obs.sum(0, keepdim=True) / obs.sum()
+    stat = ((obs - expected) ** 2 / expected).sum()
+    dof = torch.tensor(float(obs.shape[1] - 1), dtype=torch.float64)
+    return float(torch.special.gammaincc(dof / 2, stat / 2))
+
+
+def sample(llm, as_prompts, prefix, params_kwargs, n=NUM_SAMPLES) -> list[list[int]]:
+    params = SamplingParams(max_tokens=max(POSITIONS) + 1, ignore_eos=True, **params_kwargs)
+    outputs = llm.generate(as_prompts([prefix] * n), params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def prefixes(heldout_prompts):
+    return [heldout_prompts[3], heldout_prompts[17]]
+
+
+@pytest.fixture(scope="module")
+def samples(demo_models, prefixes, llm_factory, as_prompts):
+    result = {}
+    for mode, k in (("plain", None), ("isd", 3)):
+        with llm_factory(demo_models["idlm"], k, max_num_seqs=256) as llm:
+            for name, kwargs in VARIANTS.items():
+                for j, prefix in enumerate(prefixes):
+                    result[mode, name, j] = sample(llm, as_prompts, prefix, kwargs)
+            if mode == "plain":
+                for j, prefix in enumerate(prefixes):
+                    result["plain", "T1.3", j] = sample(llm, as_prompts, prefix, {"temperature": 1.3})
+            else:
+                from vllm_idlm.metrics import read_isd_metrics
+
+                result["isd-metrics"] = read_isd_metrics(llm.get_metrics())
+    return result
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_isd_sampling_matches_plain_sampling_from_the_third_token_on(variant, samples, prefixes):
+    p_values = {}
+    for j in range(len(prefixes)):
+        plain, isd = samples["plain", variant, j], samples["isd", variant, j]
+        for pos in POSITIONS:
+            p_values[j, pos] = chi_square_p_value([s[pos] for s in plain], [s[pos] for s in isd])
+    worst = min(p_values, key=p_values.get)
+    assert p_values[worst] > ALPHA, f"prefix {worst[0]}, token {worst[1] + 1}: p={p_values[worst]:.2e}"
+
+
+def test_drafts_were_actually_verified_at_t_above_zero(samples):
+    """The test above only means something if drafts were accepted (and rejected)."""
+    m = samples["isd-metrics"]
+    assert m.num_draft_tokens > 1000
+    assert 0.05 < m.num_accepted_tokens / m.num_draft_tokens < 0.98
+
+
+def test_the_statistic_detects_a_mild_temperature_change(samples, prefixes):
+    """Power check: plain T=1 vs plain T=1.3 must be told apart by the same test."""
+    p_min = min(
+        chi_square_p_value(
+            [s[pos] for s in samples["plain", "T1", j]],
+            [s[pos] for s in samples["plain", "T1.3", j]],
+        )
+        for j in range(len(prefixes))
+        for pos in POSITIONS
+    )
+    assert p_min < ALPHA
+
+
+def test_the_mask_token_is_never_emitted(samples, demo_models):
+    import json
+
+    mask = json.loads((demo_models["idlm"] / "config.json").read_text())["mask_token_id"]
+    for key, outs in samples.items():
+        if key != "isd-metrics":
+            assert all(mask not in s for s in outs), key
