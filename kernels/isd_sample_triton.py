@@ -23,8 +23,9 @@ from torch import Tensor
 
 from idlm_kernels.isd_sample import IsdStep
 
-# Key of -inf: fp32 bits 0xFF800000 with the magnitude bits flipped (see _key).
-_KEY_NEG_INF = -2139095041
+# Key of -inf: fp32 bits 0xFF800000 with the magnitude bits flipped (see _key). A constexpr: compiled
+# kernels may only read constexpr globals.
+_KEY_NEG_INF = tl.constexpr(-2139095041)
 
 
 @triton.jit
@@ -38,7 +39,8 @@ def _key(z):
 def _scaled(logits_row, offs, vocab, mask_token_id, temp):
     x = tl.load(logits_row + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
     x = tl.where(offs == mask_token_id, float("-inf"), x)
-    return tl.math.div_rn(x, temp) + 0.0  # + 0.0 turns -0.0 into +0.0 for _key
+    # IEEE division like torch's (div_rn does not broadcast a scalar); + 0.0 turns -0.0 into +0.0
+    return tl.math.div_rn(x, tl.zeros_like(x) + temp) + 0.0
 
 
 @triton.jit
@@ -208,17 +210,20 @@ def _isd_rows_kernel(
             logits_row, vocab, mask_token_id, temp, z_max, threshold, threshold - 1, BLOCK
         )
         q_row = draft_probs + draft_idx * stride_draft_probs
-        use_q = is_draft & HAS_DRAFT_PROBS
+        if HAS_DRAFT_PROBS:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
+            q_limit = tl.where(is_draft, vocab, 0)
+        else:  # no draft probs: random drafts count as q~(d) = 0 (rejected), residual = p~
+            q_limit = tl.where(is_draft, 0, 0)
         raced, recovered, residual_nonzero = _race(
             logits_row, noise + row * stride_noise, q_row, next_probs_row,
-            tl.where(use_q, vocab, 0), tl.where(is_mask, vocab, 0),
+            q_limit, tl.where(is_mask, vocab, 0),
             vocab, mask_token_id, temp, z_max, threshold, total, BLOCK,
         )  # fmt: skip
         if is_draft:
             draft = tl.load(draft_ids + draft_idx)
             z_draft = _scaled(logits_row, draft, vocab, mask_token_id, temp)
             p_draft = tl.where(_key(z_draft) >= threshold, tl.exp(z_draft - z_max) / total, 0.0)
-            q_draft = tl.load(q_row + draft, mask=use_q, other=0.0)
+            q_draft = tl.load(q_row + draft, mask=q_limit > 0, other=0.0)
             u = tl.load(uniforms + draft_idx)
             ok = (q_draft > 0) & (p_draft.to(tl.float64) >= u * q_draft.to(tl.float64))
             tl.store(accepted_out + draft_idx, ok.to(tl.int8))
