@@ -1,0 +1,109 @@
+"""Bad configs fail at startup with a message naming the problem; a prompt containing
+the MASK token is refused without disturbing other requests."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import pytest
+from vllm import SamplingParams
+from vllm.exceptions import VLLMValidationError
+
+from vllm_idlm.config import IsdOptions
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"method": "idlm"}, "num_speculative_tokens .* is required"),
+        ({"method": "idlm", "num_speculative_tokens": 0}, "must be >= 1"),
+        ({"method": "idlm", "num_speculative_tokens": "3"}, "must be an integer"),
+        ({"method": "idlm", "num_speculative_tokens": 2, "stride": 3}, r"unknown .*\['stride'\]"),
+        ({"method": "idlm", "num_speculative_tokens": 2, "draft_lora": "/nonexistent"},
+         "draft_lora .* is not a directory"),
+    ],
+)
+def test_invalid_isd_options_are_refused_with_the_key_named(spec, message):
+    with pytest.raises(ValueError, match=message):
+        IsdOptions.from_user(spec)
+
+
+def test_a_checkpoint_without_mask_token_is_refused_at_startup(demo_models, llm_factory):
+    with pytest.raises(ValueError, match="is not an I-DLM checkpoint: its config has no mask_token_id"):
+        with llm_factory(demo_models["base"], 2):
+            pass
+
+
+def test_more_drafts_than_vllm_can_schedule_is_an_error(demo_models, llm_factory):
+    with pytest.raises(ValueError, match="num_speculative_tokens=65 needs 130 draft slots"):
+        with llm_factory(demo_models["idlm"], 65):
+            pass
+
+
+def test_a_stride_the_checkpoint_was_not_trained_for_warns(demo_models, tmp_path):
+    from vllm_idlm.config import read_checkpoint_facts
+
+    config = json.loads((demo_models["idlm"] / "config.json").read_text())
+    facts = read_checkpoint_facts(config, "demo")
+    assert facts.check_num_drafts(3) is None
+    assert "trained for strides [2, 3, 4]" in facts.check_num_drafts(6)
+
+
+@pytest.fixture(scope="module")
+def isd_llm(demo_models, llm_factory):
+    with llm_factory(demo_models["idlm"], 2) as llm:
+        yield llm
+
+
+def test_a_prompt_containing_the_mask_id_is_refused_and_others_still_run(
+    isd_llm, demo_models, heldout_prompts, as_prompts
+):
+    mask = json.loads((demo_models["idlm"] / "config.json").read_text())["mask_token_id"]
+    params = SamplingParams(temperature=0, max_tokens=8)
+    with pytest.raises(VLLMValidationError, match=f"contains the I-DLM MASK token \\(id {mask}\\)"):
+        isd_llm.generate(as_prompts([heldout_prompts[0][:5] + [mask] + [7]]), params)
+    outputs = isd_llm.generate(as_prompts(heldout_prompts[:2]), params, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 8 for o in outputs)
+
+
+def test_a_prompt_whose_text_tokenizes_to_mask_is_refused(isd_llm):
+    params = SamplingParams(temperature=0, max_tokens=4)
+    with pytest.raises(VLLMValidationError, match="MASK token"):
+        isd_llm.generate(["def f(x):\n    return <|mask|> + 1"], params)
+    out = isd_llm.generate(["def f(x):\n    return"], params, use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_published_sdar_layout_loads_without_trust_remote_code(
+    demo_models, tmp_path, llm_factory, heldout_prompts, generate
+):
+    """`SDARForCausalLM`, `model_type: sdar`, `block_size`, a remote-code `auto_map`."""
+    ckpt = tmp_path / "sdar"
+    shutil.copytree(demo_models["idlm"], ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    config.pop("idlm")
+    config.update(
+        architectures=["SDARForCausalLM"],
+        model_type="sdar",
+        block_size=3,
+        auto_map={
+            "AutoConfig": "configuration_sdar.SDARConfig",
+            "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM",
+        },
+    )
+    (ckpt / "config.json").write_text(json.dumps(config))
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompts = heldout_prompts[:4]
+    with llm_factory(demo_models["idlm"]) as llm:
+        expected = generate(llm, prompts, params)
+    with llm_factory(ckpt, 3) as llm:
+        assert generate(llm, prompts, params) == expected
+
+
+def test_warning_for_untrained_stride_reaches_the_log(demo_models, llm_factory, caplog):
+    caplog.set_level(logging.WARNING, logger="vllm_idlm")
+    with llm_factory(demo_models["idlm"], 5):
+        pass
+    assert "stride N=6, but" in caplog.text
