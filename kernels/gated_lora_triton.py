@@ -11,7 +11,6 @@ Two kernels per slice, both over the gathered rows only:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
@@ -20,6 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from idlm_kernels.gated_lora import LoraWeights, lora_slices
+from idlm_kernels.ops import triton_interpreting
 
 
 @triton.jit
@@ -86,10 +86,6 @@ def _expand_kernel(
     tl.store(ptrs, (base.to(tl.float32) + scale * delta).to(base.dtype), mask=ok)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
-
-
 def _check_operand(name: str, t: Tensor, device: torch.device, dtype: torch.dtype) -> None:
     if t.device != device or t.dtype != dtype:
         raise ValueError(f"{name}: {t.dtype} on {t.device}, expected {dtype} on {device}")
@@ -121,7 +117,7 @@ def gated_lora_triton(
     block_k = 64
     # fp32 inputs: exact fp32 products (no TF32). The interpreter (triton 3.9) computes bf16
     # tl.dot wrongly, so it also takes the fp32 path there.
-    dot_fp32 = x.dtype == torch.float32 or _interpreting()
+    dot_fp32 = x.dtype == torch.float32 or triton_interpreting()
     for s in slices:
         _check_operand("lora_a", s.lora_a, device, x.dtype)
         _check_operand("lora_b", s.lora_b, device, x.dtype)

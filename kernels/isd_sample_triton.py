@@ -22,6 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from idlm_kernels.isd_sample import IsdStep
+from idlm_kernels.ops import triton_interpreting
 
 # Key of -inf: fp32 bits 0xFF800000 with the magnitude bits flipped (see _key). A constexpr: compiled
 # kernels may only read constexpr globals.
@@ -59,13 +60,37 @@ def _max_argmax(logits_row, vocab, mask_token_id, temp, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _count_at_least(logits_row, vocab, mask_token_id, temp, bound, BLOCK: tl.constexpr):
-    count = tl.full((), 0, tl.int64)
-    for start in range(0, vocab, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        z = _scaled(logits_row, offs, vocab, mask_token_id, temp)
-        count += tl.sum(((_key(z) >= bound) & (offs < vocab)).to(tl.int64), 0)
+def _pivots(lo, hi, NUM_PIVOTS: tl.constexpr):
+    """NUM_PIVOTS keys splitting [lo, hi) evenly; all in [lo, hi), one > lo whenever hi - lo >= 2."""
+    j = tl.arange(0, NUM_PIVOTS).to(tl.int64) + 1
+    return lo + ((hi - lo) * j) // (NUM_PIVOTS + 1)
+
+
+@triton.jit
+def _count_at_least(logits_row, vocab, mask_token_id, temp, pivots, SUB: tl.constexpr):
+    """For each pivot key: how many entries have key >= pivot (one pass, all pivots at once)."""
+    count = tl.zeros(pivots.shape, tl.int32)
+    for start in range(0, vocab, SUB):
+        offs = start + tl.arange(0, SUB)
+        key = _key(_scaled(logits_row, offs, vocab, mask_token_id, temp))
+        key = tl.where(offs < vocab, key, _KEY_NEG_INF - 1)
+        count += tl.sum((key[:, None] >= pivots[None, :]).to(tl.int32), 0)
     return count
+
+
+@triton.jit
+def _mass_above_pivots(
+    logits_row, vocab, mask_token_id, temp, z_max, floor, pivots, SUB: tl.constexpr
+):
+    """For each pivot key: sum of exp(z - z_max) over entries with key > pivot and key >= floor."""
+    mass = tl.zeros(pivots.shape, tl.float32)
+    for start in range(0, vocab, SUB):
+        offs = start + tl.arange(0, SUB)
+        z = _scaled(logits_row, offs, vocab, mask_token_id, temp)
+        key = _key(z)
+        weight = tl.where(key >= floor, tl.exp(z - z_max), 0.0)
+        mass += tl.sum(tl.where(key[:, None] > pivots[None, :], weight[:, None], 0.0), 0)
+    return mass
 
 
 @triton.jit
@@ -81,35 +106,44 @@ def _mass_above(logits_row, vocab, mask_token_id, temp, z_max, floor, bound, BLO
 
 
 @triton.jit
-def _top_k_key(logits_row, vocab, mask_token_id, temp, k, key_max, BLOCK: tl.constexpr):
-    """Key of the k-th largest z: the largest key with at least k entries at or above it."""
+def _top_k_key(
+    logits_row, vocab, mask_token_id, temp, k, key_max, NUM_PIVOTS: tl.constexpr, SUB: tl.constexpr
+):
+    """Key of the k-th largest z: the largest key with at least k entries at or above it.
+
+    Search over integer keys with the invariant count(>= lo) >= k > count(>= hi); each pass tests
+    NUM_PIVOTS keys, so the interval shrinks (NUM_PIVOTS + 1)-fold: <= 8 passes for 16 pivots.
+    """
     lo = tl.full((), _KEY_NEG_INF, tl.int64)  # every entry is >= -inf
     hi = key_max + 1  # no entry is above the max
     while hi - lo > 1:
-        mid = lo + (hi - lo) // 2
-        enough = _count_at_least(logits_row, vocab, mask_token_id, temp, mid, BLOCK) >= k
-        lo = tl.where(enough, mid, lo)
-        hi = tl.where(enough, hi, mid)
+        pivots = _pivots(lo, hi, NUM_PIVOTS)
+        enough = _count_at_least(logits_row, vocab, mask_token_id, temp, pivots, SUB) >= k
+        lo = tl.max(tl.where(enough, pivots, lo), 0)
+        hi = tl.min(tl.where(enough, hi, pivots), 0)
     return lo
 
 
 @triton.jit
 def _top_p_key(
-    logits_row, vocab, mask_token_id, temp, z_max, floor, key_max, top_p, BLOCK: tl.constexpr
-):
-    """Smallest key whose strictly-larger mass (within the top-k set) is < top_p of that set."""
+    logits_row, vocab, mask_token_id, temp, z_max, floor, key_max, top_p,
+    NUM_PIVOTS: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Smallest key whose strictly-larger mass (within the top-k set) is < top_p of that set.
+
+    Invariant: mass_above(lo) >= budget > mass_above(hi); pivots as in _top_k_key.
+    """
     kept_mass = _mass_above(logits_row, vocab, mask_token_id, temp, z_max, floor, floor - 1, BLOCK)
     budget = top_p * kept_mass
     lo = floor - 1  # mass above = kept_mass >= budget
     hi = key_max  # mass above = 0 < budget when top_p > 0
     lo = tl.where(budget > 0, lo, hi - 1)  # top_p <= 0 keeps only the max
     while hi - lo > 1:
-        mid = lo + (hi - lo) // 2
-        small = (
-            _mass_above(logits_row, vocab, mask_token_id, temp, z_max, floor, mid, BLOCK) < budget
-        )
-        hi = tl.where(small, mid, hi)
-        lo = tl.where(small, lo, mid)
+        pivots = _pivots(lo, hi, NUM_PIVOTS)
+        mass = _mass_above_pivots(logits_row, vocab, mask_token_id, temp, z_max, floor, pivots, SUB)
+        small = mass < budget
+        hi = tl.min(tl.where(small, pivots, hi), 0)
+        lo = tl.max(tl.where(small, lo, pivots), 0)
     return hi
 
 
@@ -169,6 +203,7 @@ def _isd_rows_kernel(
     row_req, row_start, num_draft, cu_draft, cu_mask, temperature, top_k, top_p,
     accepted_out, recovered_out, bonus_out, next_ids_out, next_probs_out, stride_next_probs,
     vocab, mask_token_id, HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr,
+    NUM_PIVOTS: tl.constexpr, SUB: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     req = tl.load(row_req + row)
@@ -201,11 +236,14 @@ def _isd_rows_kernel(
         key_max = _key(z_max)
         threshold = tl.full((), _KEY_NEG_INF, tl.int64)
         if (k > 0) & (k < vocab):
-            threshold = _top_k_key(logits_row, vocab, mask_token_id, temp, k, key_max, BLOCK)
+            threshold = _top_k_key(
+                logits_row, vocab, mask_token_id, temp, k, key_max, NUM_PIVOTS, SUB
+            )
         if p_top < 1.0:
             threshold = _top_p_key(
-                logits_row, vocab, mask_token_id, temp, z_max, threshold, key_max, p_top, BLOCK
-            )
+                logits_row, vocab, mask_token_id, temp, z_max, threshold, key_max, p_top,
+                NUM_PIVOTS, SUB, BLOCK,
+            )  # fmt: skip
         total = _mass_above(
             logits_row, vocab, mask_token_id, temp, z_max, threshold, threshold - 1, BLOCK
         )
@@ -328,6 +366,8 @@ def isd_verify_and_draft_triton(
     cu_draft = torch.cumsum(n, 0) - n
     cu_mask = torch.cumsum(m, 0) - m
     block = min(triton.next_power_of_2(vocab), 4096)
+    # The pivot search compares SUB entries with 16 pivots at once: 256 keeps that tile in
+    # registers on a GPU; the interpreter is fastest with the largest tile.
     _isd_rows_kernel[(num_rows,)](
         logits, logits.stride(0), noise, noise.stride(0), _ptr(draft_probs), draft_probs.stride(0),
         _ptr(draft_token_ids), _ptr(uniforms),
@@ -337,7 +377,8 @@ def isd_verify_and_draft_triton(
         top_p.to(device=device, dtype=torch.float32),
         _ptr(accepted), _ptr(recovered), bonus, _ptr(next_ids), _ptr(next_probs), vocab,
         vocab, mask_token_id,
-        HAS_DRAFT_PROBS=draft_probs.shape[0] > 0, BLOCK=block, num_warps=8,
+        HAS_DRAFT_PROBS=draft_probs.shape[0] > 0, BLOCK=block, NUM_PIVOTS=16,
+        SUB=block if triton_interpreting() else min(block, 256), num_warps=8,
     )  # fmt: skip
     width = max_num_draft_tokens + 1
     _assemble_kernel[(num_reqs,)](

@@ -60,6 +60,11 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def triton_interpreting() -> bool:
+    """True when Triton kernels run under its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
+
+
 def use_triton(tensor: Tensor) -> bool:
     """True when the op on ``tensor`` should run its Triton kernel."""
     if _backend == "ref":

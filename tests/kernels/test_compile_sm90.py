@@ -49,7 +49,7 @@ def _compile_all() -> None:
 
     for logits in ("*bf16", "*fp32"):
         for has_probs in (True, False):
-            constexprs = {"HAS_DRAFT_PROBS": has_probs, "BLOCK": 4096}
+            constexprs = {"HAS_DRAFT_PROBS": has_probs, "BLOCK": 4096, "NUM_PIVOTS": 16, "SUB": 256}
             build(isd._isd_rows_kernel, {**ISD_POINTERS, "logits": logits}, constexprs, 8)
     pointers = {name: "*i64" for name in isd._assemble_kernel.arg_names}
     pointers.update({"accepted": "*i8", "width": "i32"})
