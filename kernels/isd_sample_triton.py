@@ -45,18 +45,24 @@ def _scaled(logits_row, offs, vocab, mask_token_id, temp):
 
 
 @triton.jit
-def _max_argmax(logits_row, vocab, mask_token_id, temp, BLOCK: tl.constexpr):
+def _max_argmax_sum(logits_row, vocab, mask_token_id, temp, BLOCK: tl.constexpr):
+    """max z, its first index, and sum(exp(z - max z)) (online: rescaled when the max grows)."""
     best = tl.full((), float("-inf"), tl.float32)
     best_idx = tl.full((), 0, tl.int64)
+    total = tl.full((), 0.0, tl.float32)
     for start in range(0, vocab, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         z = _scaled(logits_row, offs, vocab, mask_token_id, temp)
         block_max = tl.max(z, 0)
         block_idx = start + tl.argmax(z, 0, tie_break_left=True).to(tl.int64)
         take = block_max > best
+        new_best = tl.maximum(best, block_max)
+        # exp(-inf - -inf) is NaN while every entry so far is -inf (a masked head of a row)
+        block_sum = tl.where(new_best > float("-inf"), tl.sum(tl.exp(z - new_best), 0), 0.0)
+        total = tl.where(new_best == best, total, total * tl.exp(best - new_best)) + block_sum
         best_idx = tl.where(take, block_idx, best_idx)
-        best = tl.where(take, block_max, best)
-    return best, best_idx
+        best = new_best
+    return best, best_idx, total
 
 
 @triton.jit
@@ -219,7 +225,7 @@ def _isd_rows_kernel(
     temp = tl.load(temperature + req)
     greedy = temp < 1e-5
     temp = tl.where(greedy, 1.0, temp)
-    z_max, top = _max_argmax(logits_row, vocab, mask_token_id, temp, BLOCK)
+    z_max, top, total = _max_argmax_sum(logits_row, vocab, mask_token_id, temp, BLOCK)
     if greedy:
         draft = tl.load(draft_ids + draft_idx, mask=is_draft, other=0)
         tl.store(accepted_out + draft_idx, (draft == top).to(tl.int8), mask=is_draft)
@@ -244,9 +250,10 @@ def _isd_rows_kernel(
                 logits_row, vocab, mask_token_id, temp, z_max, threshold, key_max, p_top,
                 NUM_PIVOTS, SUB, BLOCK,
             )  # fmt: skip
-        total = _mass_above(
-            logits_row, vocab, mask_token_id, temp, z_max, threshold, threshold - 1, BLOCK
-        )
+        if threshold != _KEY_NEG_INF:  # filtered: renormalise over the kept entries
+            total = _mass_above(
+                logits_row, vocab, mask_token_id, temp, z_max, threshold, threshold - 1, BLOCK
+            )
         q_row = draft_probs + draft_idx * stride_draft_probs
         if HAS_DRAFT_PROBS:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
             q_limit = tl.where(is_draft, vocab, 0)

@@ -83,3 +83,13 @@ def test_dispatcher_routes_to_the_forced_backend() -> None:
 @pytest.mark.parametrize("mode", ["greedy", "random", "mixed"])
 def test_kernel_matches_ref_full_grid_on_gpu(vocab: int, num_reqs: int, mode: str) -> None:
     _check(make_isd_batch(num_reqs, vocab, 3, 3, mode=mode, seed=num_reqs, device="cuda"))
+
+
+def test_kernel_handles_rows_whose_first_block_is_all_minus_inf() -> None:
+    """Regression: the online max/sum computed exp(-inf - -inf) = NaN for a row whose first vocab
+    block (4096 entries) was entirely -inf, which poisoned the normaliser of unfiltered rows."""
+    batch = make_isd_batch(2, 8193, 1, 1, mode="random", seed=12, device=DEVICE)
+    batch.logits[:, :5000] = float("-inf")
+    batch.top_k.zero_()
+    batch.top_p.fill_(1.0)
+    _check(batch)
