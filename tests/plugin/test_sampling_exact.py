@@ -69,7 +69,9 @@ def samples(demo_models, prefixes, llm_factory, as_prompts):
                     result[mode, name, j] = sample(llm, as_prompts, prefix, kwargs)
             if mode == "plain":
                 for j, prefix in enumerate(prefixes):
-                    result["plain", "T1.3", j] = sample(llm, as_prompts, prefix, {"temperature": 1.3})
+                    result["plain", "T1.3", j] = sample(
+                        llm, as_prompts, prefix, {"temperature": 1.3}
+                    )
             else:
                 from vllm_idlm.metrics import read_isd_metrics
 
@@ -85,7 +87,9 @@ def test_isd_sampling_matches_plain_sampling_from_the_third_token_on(variant, sa
         for pos in POSITIONS:
             p_values[j, pos] = chi_square_p_value([s[pos] for s in plain], [s[pos] for s in isd])
     worst = min(p_values, key=p_values.get)
-    assert p_values[worst] > ALPHA, f"prefix {worst[0]}, token {worst[1] + 1}: p={p_values[worst]:.2e}"
+    assert p_values[worst] > ALPHA, (
+        f"prefix {worst[0]}, token {worst[1] + 1}: p={p_values[worst]:.2e}"
+    )
 
 
 def test_drafts_were_actually_verified_at_t_above_zero(samples):
