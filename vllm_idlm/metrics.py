@@ -41,7 +41,9 @@ class IsdMetrics:
         """P(draft i accepted | a verify round reached position i)."""
         verify_rounds = self.num_draft_tokens / self.num_drafts if self.num_drafts else 0
         reached = [verify_rounds] + list(self.accepted_per_position[:-1])
-        return tuple(a / r if r else 0.0 for a, r in zip(self.accepted_per_position, reached))
+        return tuple(
+            a / r if r else 0.0 for a, r in zip(self.accepted_per_position, reached, strict=True)
+        )
 
     def minus(self, earlier: IsdMetrics) -> IsdMetrics:
         """The figures of the work done since `earlier` was read."""
@@ -50,7 +52,12 @@ class IsdMetrics:
             self.num_rounds - earlier.num_rounds,
             self.num_draft_tokens - earlier.num_draft_tokens,
             self.num_accepted_tokens - earlier.num_accepted_tokens,
-            tuple(a - b for a, b in zip(self.accepted_per_position, earlier.accepted_per_position)),
+            tuple(
+                a - b
+                for a, b in zip(
+                    self.accepted_per_position, earlier.accepted_per_position, strict=True
+                )
+            ),
         )
 
 

@@ -25,5 +25,7 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
     assert len(heldout_prompts) >= 64
     with llm_factory(demo_models["idlm"], num_drafts, max_num_seqs=max_num_seqs) as llm:
         isd_outputs = generate(llm, heldout_prompts, GREEDY)
-    mismatches = [i for i, (a, b) in enumerate(zip(plain_outputs, isd_outputs)) if a != b]
+    mismatches = [
+        i for i, (a, b) in enumerate(zip(plain_outputs, isd_outputs, strict=True)) if a != b
+    ]
     assert not mismatches, f"{len(mismatches)}/64 prompts differ, first: {mismatches[:5]}"

@@ -45,7 +45,7 @@ def test_counters_equal_the_reference_decoders_replay(isd_run, hf_model, demo_mo
     mask = json.loads((demo_models["idlm"] / "config.json").read_text())["mask_token_id"]
     rounds = accepted = verify_rounds = 0
     per_pos = [0] * k
-    for prompt, out in zip(prompts, outputs):
+    for prompt, out in zip(prompts, outputs, strict=True):
         replay, stats = isd_generate(hf_model, prompt + out[:1], k + 1, MAX_TOKENS - 1, mask)
         assert replay == out[1:], "reference decoder and vLLM disagree on greedy output"
         rounds += stats.num_forwards

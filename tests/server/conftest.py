@@ -44,7 +44,7 @@ def start_server(model: Path, spec: dict, log_path: Path, extra: list[str] = ())
         json.dumps(spec),
         *extra,
     ]
-    log = open(log_path, "w")
+    log = open(log_path, "w")  # noqa: SIM115 (held by the server process until it exits)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + STARTUP_TIMEOUT_S
