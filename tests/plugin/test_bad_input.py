@@ -33,11 +33,13 @@ def test_invalid_isd_options_are_refused_with_the_key_named(spec, message):
 
 
 def test_a_checkpoint_without_mask_token_is_refused_at_startup(demo_models, llm_factory):
-    with pytest.raises(
-        ValueError, match="is not an I-DLM checkpoint: its config has no mask_token_id"
+    with (
+        pytest.raises(
+            ValueError, match="is not an I-DLM checkpoint: its config has no mask_token_id"
+        ),
+        llm_factory(demo_models["base"], 2),
     ):
-        with llm_factory(demo_models["base"], 2):
-            pass
+        pass
 
 
 def test_more_drafts_than_vllm_can_schedule_is_an_error(demo_models, llm_factory):
