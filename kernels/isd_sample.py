@@ -73,33 +73,55 @@ def row_layout(num_draft_tokens: Tensor, num_mask_tokens: Tensor, num_rows: int)
     )
 
 
+# Top-p first looks at the largest _SORTED_PREFIX values of a row (a topk, ~5x cheaper than a full
+# sort at 448 x 8192 on CPU); rows whose nucleus is wider fall back to a full sort.
+_SORTED_PREFIX = 256
+
+
 def filter_logits(scaled_logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     """Top-k then top-p on temperature-scaled logits [R, V] (per-row k, p); dropped entries -> -inf.
 
-    Top-k keeps entries >= the k-th largest value. Top-p keeps entry v iff the probability mass of
-    entries strictly larger than v is < top_p (equivalently vLLM's "ascending cumsum > 1 - top_p"),
-    and always the largest. ``top_k <= 0 or >= V`` and ``top_p >= 1`` are off.
+    Top-k keeps entries >= the k-th largest value. Top-p keeps entry v iff the probability mass (after
+    top-k) of entries strictly larger than v is < top_p (equivalently vLLM's "ascending cumsum
+    > 1 - top_p"), and always the largest. ``top_k <= 0 or >= V`` and ``top_p >= 1`` are off.
     """
     vocab = scaled_logits.shape[-1]
     use_k = (top_k > 0) & (top_k < vocab)
     use_p = top_p < 1
-    if not bool((use_k | use_p).any()):
+    rows = torch.nonzero(use_k | use_p).flatten()
+    if rows.numel() == 0:
         return scaled_logits
-    z = scaled_logits
-    sorted_z = z.sort(dim=-1, descending=True).values
-    k = torch.where(use_k, top_k, vocab).clamp(1, vocab).long()
-    kth = sorted_z.gather(1, (k - 1)[:, None])
-    z = z.masked_fill(z < kth, float("-inf"))
-    sorted_z = sorted_z.masked_fill(sorted_z < kth, float("-inf"))
-    sorted_probs = sorted_z.softmax(dim=-1)
+    z, use_k, use_p = scaled_logits[rows], use_k[rows], use_p[rows]
+    k = torch.where(use_k, top_k[rows], 1).long()
+    p = torch.where(use_p, top_p[rows], 1.0).to(z.dtype)
+    width = min(vocab, max(_SORTED_PREFIX, int(k.max())))
+    threshold, resolved = _thresholds(z, use_k, k, use_p, p, width)
+    if not bool(resolved.all()):
+        redo = torch.nonzero(~resolved).flatten()
+        threshold[redo] = _thresholds(z[redo], use_k[redo], k[redo], use_p[redo], p[redo], vocab)[0]
+    out = scaled_logits.clone()
+    out[rows] = z.masked_fill(z < threshold[:, None], float("-inf"))
+    return out
+
+
+def _thresholds(
+    z: Tensor, use_k: Tensor, k: Tensor, use_p: Tensor, top_p: Tensor, width: int
+) -> tuple[Tensor, Tensor]:
+    """Per row: the smallest kept value, and whether the ``width`` largest values sufficed."""
+    top = z.topk(width, dim=-1).values  # descending
+    kth = torch.where(use_k[:, None], top.gather(1, (k - 1)[:, None]), float("-inf"))
+    top = top.masked_fill(top < kth, float("-inf"))
+    log_total = torch.logsumexp(z.masked_fill(z < kth, float("-inf")), dim=-1, keepdim=True)
+    top_probs = (top - log_total).exp()
     # Mass strictly above each sorted entry; a rounded cumsum of non-negatives is non-decreasing, so
-    # the kept entries form a prefix and the threshold is the last kept value.
-    cumulative = torch.cumsum(sorted_probs, dim=-1)
+    # the kept entries form a prefix and the threshold is the last kept value (its ties kept too).
+    cumulative = torch.cumsum(top_probs, dim=-1)
     mass_above = torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], dim=1)
-    num_kept = (mass_above < top_p.to(z.dtype)[:, None]).sum(-1).clamp_min(1)
-    threshold = sorted_z.gather(1, (num_kept - 1)[:, None])
-    threshold = torch.where(use_p[:, None], threshold, float("-inf"))
-    return z.masked_fill(z < threshold, float("-inf"))
+    num_kept = (mass_above < top_p[:, None]).sum(-1).clamp_min(1)
+    p_threshold = top.gather(1, (num_kept - 1)[:, None])
+    threshold = torch.where(use_p[:, None], torch.maximum(p_threshold, kth), kth).squeeze(1)
+    resolved = ~use_p | (num_kept < width) | (width == z.shape[-1]) | (top[:, -1] == float("-inf"))
+    return threshold, resolved
 
 
 def target_probs(

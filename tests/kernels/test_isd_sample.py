@@ -235,12 +235,16 @@ def _oracle(batch: IsdBatch) -> tuple[list[list[int]], list[int], list[int], lis
 
 @pytest.mark.parametrize("mode", ["greedy", "random", "mixed"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_ref_matches_textbook_oracle_on_random_batches(mode: str, seed: int) -> None:
+@pytest.mark.parametrize("vocab", [97, 1000])
+def test_ref_matches_textbook_oracle_on_random_batches(mode: str, seed: int, vocab: int) -> None:
+    """vocab 1000 > the ref's 256-value sorted prefix: exercises its top-k shortcut and the
+    full-sort fallback for wide nuclei as well as the full sort."""
     gen = torch.Generator().manual_seed(100 + seed)
     num_reqs = int(torch.randint(1, 9, (1,), generator=gen))
     drafts = torch.randint(0, 4, (num_reqs,), generator=gen).tolist()
     masks = torch.randint(0, 4, (num_reqs,), generator=gen).tolist()
-    batch = make_isd_batch(num_reqs, 97, drafts, masks, mode=mode, seed=seed, logit_scale=1.0)
+    scale = 1.0 if vocab < 200 else 3.0
+    batch = make_isd_batch(num_reqs, vocab, drafts, masks, mode=mode, seed=seed, logit_scale=scale)
     step = isd_verify_and_draft_ref(*batch.args())
     outputs, num_accepted, next_ids, next_probs = _oracle(batch)
     width = max(drafts) + 1
