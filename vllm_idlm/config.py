@@ -14,6 +14,7 @@ from typing import Any
 
 METHOD = "idlm"
 ADDITIONAL_CONFIG_KEY = "idlm"
+MASK_TOKEN = "<|mask|>"
 # Keys of vLLM's own speculative config that keep their meaning under ISD.
 _PASSTHROUGH_KEYS = frozenset({"disable_by_batch_size", "max_model_len"})
 _ISD_KEYS = frozenset({"method", "num_speculative_tokens", "draft_lora", "uniform_query_len"})
@@ -130,12 +131,21 @@ def read_checkpoint_facts(hf_config: Any, source: str) -> CheckpointFacts:
     return CheckpointFacts(int(mask_token_id), strides, source)
 
 
-def read_adapter_facts(adapter_dir: str) -> CheckpointFacts:
-    """The MASK id and strides recorded by `idlm-train lora` (idlm_gate.json) or a
-    published PEFT adapter's config."""
+def read_adapter_facts(adapter_dir: str, tokenizer: Any = None) -> CheckpointFacts:
+    """The MASK id and strides recorded by `idlm-train lora` (idlm_gate.json); for a
+    published PEFT adapter without it, the id of `<|mask|>` in the base tokenizer."""
     gate_path = os.path.join(adapter_dir, "idlm_gate.json")
     if os.path.exists(gate_path):
         with open(gate_path) as f:
             return read_checkpoint_facts(json.load(f), gate_path)
-    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
-        return read_checkpoint_facts(json.load(f), adapter_dir)
+    mask_token_id = None
+    if tokenizer is not None:
+        mask_token_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+        if mask_token_id == getattr(tokenizer, "unk_token_id", None):
+            mask_token_id = None
+    if mask_token_id is None:
+        raise ValueError(
+            f"idlm: draft_lora {adapter_dir} has no idlm_gate.json and the base tokenizer has "
+            f"no {MASK_TOKEN} token: the MASK id is unknown"
+        )
+    return CheckpointFacts(int(mask_token_id), (), adapter_dir)

@@ -11,10 +11,7 @@ statistic's power is shown by `test_the_statistic_detects_a_mild_temperature_cha
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
-import torch
 from vllm import SamplingParams
 
 NUM_SAMPLES = 1200
@@ -26,26 +23,6 @@ VARIANTS = {
     "T1-topp0.9": dict(temperature=1.0, top_p=0.9),
     "T0.7-topk30-topp0.8": dict(temperature=0.7, top_k=30, top_p=0.8),
 }
-
-
-def chi_square_p_value(a: list[int], b: list[int], min_count: int = 10) -> float:
-    """p-value of the homogeneity test between two samples of categories; categories
-    with fewer than `min_count` pooled observations are merged into one bin."""
-    ca, cb = Counter(a), Counter(b)
-    pooled = ca + cb
-    frequent = [t for t, c in pooled.items() if c >= min_count]
-    rare = [t for t in pooled if t not in frequent]
-    table = [[ca[t] for t in frequent], [cb[t] for t in frequent]]
-    if rare:
-        table[0].append(sum(ca[t] for t in rare))
-        table[1].append(sum(cb[t] for t in rare))
-    obs = torch.tensor(table, dtype=torch.float64)
-    if obs.shape[1] < 2:
-        return 1.0
-    expected = obs.sum(1, keepdim=True) * obs.sum(0, keepdim=True) / obs.sum()
-    stat = ((obs - expected) ** 2 / expected).sum()
-    dof = torch.tensor(float(obs.shape[1] - 1), dtype=torch.float64)
-    return float(torch.special.gammaincc(dof / 2, stat / 2))
 
 
 def sample(llm, as_prompts, prefix, params_kwargs, n=NUM_SAMPLES) -> list[list[int]]:
@@ -80,7 +57,9 @@ def samples(demo_models, prefixes, llm_factory, as_prompts):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_isd_sampling_matches_plain_sampling_from_the_third_token_on(variant, samples, prefixes):
+def test_isd_sampling_matches_plain_sampling_from_the_third_token_on(
+    variant, samples, prefixes, chi_square_p_value
+):
     p_values = {}
     for j in range(len(prefixes)):
         plain, isd = samples["plain", variant, j], samples["isd", variant, j]
@@ -99,7 +78,7 @@ def test_drafts_were_actually_verified_at_t_above_zero(samples):
     assert 0.05 < m.num_accepted_tokens / m.num_draft_tokens < 0.98
 
 
-def test_the_statistic_detects_a_mild_temperature_change(samples, prefixes):
+def test_the_statistic_detects_a_mild_temperature_change(samples, prefixes, chi_square_p_value):
     """Power check: plain T=1 vs plain T=1.3 must be told apart by the same test."""
     p_min = min(
         chi_square_p_value(

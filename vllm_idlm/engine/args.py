@@ -80,6 +80,8 @@ def translate(args: EngineArgs) -> IsdOptions | None:
         overrides = dict(args.hf_overrides or {}) if isinstance(args.hf_overrides, dict) else {}
         overrides["architectures"] = [GATED_ARCHITECTURE]
         args.hf_overrides = overrides
+        # The gate's row set changes with every step; run the model eagerly.
+        args.enforce_eager = True
     return options
 
 
@@ -87,7 +89,17 @@ def resolve(vllm_config, options: IsdOptions) -> None:
     """Check the checkpoint against the options and publish them to the workers."""
     model_config = vllm_config.model_config
     if options.draft_lora:
-        facts = read_adapter_facts(options.draft_lora)
+        from transformers import AutoTokenizer
+
+        from vllm_idlm.gated_lora import check_adapter, load_adapter
+
+        if vllm_config.parallel_config.tensor_parallel_size > 1:
+            raise ValueError(
+                "idlm: draft_lora (lossless mode) supports tensor_parallel_size=1 only"
+            )
+        check_adapter(load_adapter(options.draft_lora), model_config.hf_config)
+        tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer)
+        facts = read_adapter_facts(options.draft_lora, tokenizer)
     else:
         facts = read_checkpoint_facts(model_config.hf_config, model_config.model)
     vocab = model_config.get_vocab_size()

@@ -10,6 +10,7 @@ import torch
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 from vllm_idlm.config import ADDITIONAL_CONFIG_KEY
+from vllm_idlm.gated_lora import GatedLinear, GateState, check_adapter, load_adapter
 
 
 def mask_token_id_of(vllm_config) -> int | None:
@@ -24,6 +25,61 @@ class IdlmForCausalLM(Qwen3ForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.mask_token_id = mask_token_id_of(vllm_config)
+        options = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY) or {}
+        self.draft_lora = options.get("draft_lora")
+        self.gate = GateState() if self.draft_lora else None
+
+    def forward(
+        self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs
+    ):
+        if self.gate is not None:
+            # Open the gate on MASK rows: MASK ids only ever come from ISD's draft slots
+            # (prompts containing MASK are refused before they reach the engine).
+            if input_ids is None:
+                self.gate.rows = torch.zeros(0, dtype=torch.long, device=positions.device)
+            else:
+                self.gate.rows = (input_ids == self.mask_token_id).nonzero().flatten()
+        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+
+    def load_weights(self, weights):
+        loaded = super().load_weights(weights)
+        if self.draft_lora:
+            self._install_gated_adapter()
+        return loaded
+
+    def _install_gated_adapter(self) -> None:
+        adapter = load_adapter(self.draft_lora)
+        check_adapter(adapter, self.config)
+        weight = self.model.embed_tokens.weight
+        if adapter.mask_embedding is not None:
+            with torch.no_grad():
+                weight[self.mask_token_id] = adapter.mask_embedding.to(weight)
+        for i, layer in enumerate(self.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            packed = [
+                (
+                    attn,
+                    "qkv_proj",
+                    ("q_proj", "k_proj", "v_proj"),
+                    [attn.q_size, attn.kv_size, attn.kv_size],
+                ),
+                (attn, "o_proj", ("o_proj",), [attn.o_proj.output_size]),
+                (
+                    mlp,
+                    "gate_up_proj",
+                    ("gate_proj", "up_proj"),
+                    list(mlp.gate_up_proj.output_sizes),
+                ),
+                (mlp, "down_proj", ("down_proj",), [mlp.down_proj.output_size]),
+            ]
+            for owner, name, modules, sizes in packed:
+                slices = [adapter.weights.get((i, m)) for m in modules]
+                if any(s is not None for s in slices):
+                    gated = GatedLinear(
+                        getattr(owner, name), slices, sizes, adapter.scale, self.gate
+                    )
+                    gated.move_(weight.device, weight.dtype)
+                    setattr(owner, name, gated)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         logits = super().compute_logits(hidden_states)
