@@ -9,7 +9,8 @@ Run on one CUDA GPU (torch + Triton; no vLLM, no network), from the repository r
    128, packed qkv, fp32 and bf16. Tokens must be ``torch.equal`` to the reference, floats within the
    style guide's tolerance rule, and a second kernel run bit-identical to the first.
 2. Timing (median ms by ``triton.testing.do_bench``, L2 flushed): each kernel vs its PyTorch
-   reference on the same GPU and vs the bytes-moved floor at the measured copy bandwidth.
+   reference on the same GPU and vs the bytes-moved floor at the measured copy bandwidth; then a
+   sweep of the ISD kernel's launch parameters on its slowest path (top-p).
 
 Writes ``parity.csv``, ``timing.csv`` and ``env.txt`` under ``--out`` and prints tables. Budget: well
 under 8 minutes on an H200; a deadline skips what is left rather than overrun.
@@ -53,7 +54,7 @@ import triton.testing  # noqa: E402
 from idlm_kernels.gated_lora import gated_lora_ref  # noqa: E402
 from idlm_kernels.gated_lora_triton import gated_lora_triton  # noqa: E402
 from idlm_kernels.isd_sample import isd_verify_and_draft_ref  # noqa: E402
-from idlm_kernels.isd_sample_triton import isd_verify_and_draft_triton  # noqa: E402
+from idlm_kernels.isd_sample_triton import IsdTuning, isd_verify_and_draft_triton  # noqa: E402
 from idlm_kernels.testing import (  # noqa: E402
     IsdBatch,
     assert_close_to_gold,
@@ -228,6 +229,47 @@ def isd_timing(deadline: Deadline, bandwidth: float) -> list[dict]:
     return results
 
 
+SWEEP = (  # (num_pivots, sub, num_warps, block); the first is the default
+    IsdTuning(),
+    IsdTuning(num_pivots=8),
+    IsdTuning(num_pivots=32, sub=128),
+    IsdTuning(num_pivots=4, sub=512),
+    IsdTuning(sub=512, num_warps=16),
+    IsdTuning(block=2048, num_warps=4),
+)
+
+
+def isd_tuning_sweep(deadline: Deadline, bandwidth: float) -> list[dict]:
+    """Top-p (the slowest path) under each launch config; outputs must equal the default's."""
+    results = []
+    for num_reqs in (1, 64):
+        batch = make_isd_batch(num_reqs, BIG_VOCAB, K, K, mode="random", device=DEVICE, seed=3)
+        batch.top_k = torch.zeros_like(batch.top_k)
+        batch.top_p = torch.full_like(batch.top_p, 0.95)
+        args = (*batch.args(), K)
+        expected = isd_verify_and_draft_triton(*args)
+        floor_ms = _isd_bytes(batch, greedy=False) / bandwidth * 1e3
+        for tuning in SWEEP:
+            if deadline.passed():
+                return results
+            try:
+                step = isd_verify_and_draft_triton(*args, tuning=tuning)
+                same = _steps_equal(step[:3], expected[:3])
+                ms = _ms(
+                    lambda args=args, tuning=tuning: isd_verify_and_draft_triton(
+                        *args, tuning=tuning
+                    )
+                )
+            except Exception as e:  # a config that does not compile is a result, not a crash
+                same, ms = f"error {type(e).__name__}", float("nan")
+            shape = (
+                f"V={BIG_VOCAB} B={num_reqs} top-p 0.95 pivots={tuning.num_pivots} "
+                f"sub={tuning.sub} warps={tuning.num_warps} block={tuning.block} same={same}"
+            )
+            results.append(_timing_row("isd sweep", shape, float("nan"), ms, floor_ms))
+    return results
+
+
 def lora_timing(deadline: Deadline, bandwidth: float) -> list[dict]:
     results = []
     for sizes, label in ((QKV, "qkv"), ((HIDDEN,), "o_proj")):
@@ -313,6 +355,7 @@ def main() -> int:
         print(f"== timing (median ms; floor at {bandwidth / 1e9:.0f} GB/s copy bandwidth) ==")
         print("op | shape | ref_ms | triton_ms | floor_ms | speedup_vs_ref | floor_over_triton")
         timing = isd_timing(deadline, bandwidth) + lora_timing(deadline, bandwidth)
+        timing += isd_tuning_sweep(deadline, bandwidth)
         _write_csv(args.out / "timing.csv", timing)
     (args.out / "env.txt").write_text(env + "\n")
     failed = [r for r in parity if r["result"] == "FAIL"]

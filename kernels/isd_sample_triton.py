@@ -16,6 +16,8 @@ A second small program per request finds the first rejection and writes the outp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -298,6 +300,22 @@ def _assemble_kernel(
     tl.store(num_accepted_out + req, num_accepted)
 
 
+@dataclass(frozen=True)
+class IsdTuning:
+    """Launch parameters of the row kernel (defaults untuned: no GPU was available to tune on)."""
+
+    block: int = 4096  # vocab entries per streaming step
+    num_pivots: int = 16  # keys tested per top-k/top-p search pass (<= 8 passes at 16)
+    sub: int = 256  # entries per [sub, num_pivots] comparison tile in a search pass
+    num_warps: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("block", "num_pivots", "sub"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"IsdTuning.{name}={value} must be a power of two")
+
+
 def _ptr(t: Tensor) -> Tensor:
     """A tensor safe to pass as a kernel pointer: empty tensors may have a null data pointer."""
     return t if t.numel() else torch.zeros(1, dtype=t.dtype, device=t.device)
@@ -328,8 +346,12 @@ def isd_verify_and_draft_triton(
     noise: Tensor,
     mask_token_id: int,
     max_num_draft_tokens: int | None = None,
+    *,
+    tuning: IsdTuning | None = None,
 ) -> IsdStep:
     """Triton twin of ``isd_verify_and_draft_ref`` (same signature, same outputs).
+
+    ``tuning`` (keyword only) overrides the launch parameters (the GPU benchmark sweeps them).
 
     Unlike the ref, an empty ``draft_probs`` is not checked against the requests' temperatures
     (that would sync): random requests' drafts then count as having zero draft prob (rejected).
@@ -372,9 +394,10 @@ def isd_verify_and_draft_triton(
         return IsdStep(output, num_accepted, next_ids, next_probs)
     cu_draft = torch.cumsum(n, 0) - n
     cu_mask = torch.cumsum(m, 0) - m
-    block = min(triton.next_power_of_2(vocab), 4096)
-    # The pivot search compares SUB entries with 16 pivots at once: 256 keeps that tile in
-    # registers on a GPU; the interpreter is fastest with the largest tile.
+    tuning = tuning or IsdTuning()
+    block = min(triton.next_power_of_2(vocab), tuning.block)
+    # The interpreter is fastest with the largest tiles.
+    sub = block if triton_interpreting() else min(block, tuning.sub)
     _isd_rows_kernel[(num_rows,)](
         logits, logits.stride(0), noise, noise.stride(0), _ptr(draft_probs), draft_probs.stride(0),
         _ptr(draft_token_ids), _ptr(uniforms),
@@ -384,8 +407,8 @@ def isd_verify_and_draft_triton(
         top_p.to(device=device, dtype=torch.float32),
         _ptr(accepted), _ptr(recovered), bonus, _ptr(next_ids), _ptr(next_probs), vocab,
         vocab, mask_token_id,
-        HAS_DRAFT_PROBS=draft_probs.shape[0] > 0, BLOCK=block, NUM_PIVOTS=16,
-        SUB=block if triton_interpreting() else min(block, 256), num_warps=8,
+        HAS_DRAFT_PROBS=draft_probs.shape[0] > 0, BLOCK=block, NUM_PIVOTS=tuning.num_pivots,
+        SUB=sub, num_warps=tuning.num_warps,
     )  # fmt: skip
     width = max_num_draft_tokens + 1
     _assemble_kernel[(num_reqs,)](
