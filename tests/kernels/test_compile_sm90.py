@@ -51,6 +51,11 @@ def _compile_all() -> None:
         for has_probs in (True, False):
             constexprs = {"HAS_DRAFT_PROBS": has_probs, "BLOCK": 4096, "NUM_PIVOTS": 16, "SUB": 256}
             build(isd._isd_rows_kernel, {**ISD_POINTERS, "logits": logits}, constexprs, 8)
+    # the other launch configs the GPU benchmark sweeps
+    for pivots, sub, warps, block in ((8, 256, 8, 4096), (32, 128, 8, 4096), (4, 512, 8, 4096),
+                                      (16, 512, 16, 4096), (16, 256, 4, 2048)):  # fmt: skip
+        constexprs = {"HAS_DRAFT_PROBS": True, "BLOCK": block, "NUM_PIVOTS": pivots, "SUB": sub}
+        build(isd._isd_rows_kernel, ISD_POINTERS, constexprs, warps)
     pointers = {name: "*i64" for name in isd._assemble_kernel.arg_names}
     pointers.update({"accepted": "*i8", "width": "i32"})
     build(isd._assemble_kernel, pointers, {"BLOCK_W": 4})
