@@ -229,13 +229,13 @@ def isd_timing(deadline: Deadline, bandwidth: float) -> list[dict]:
     return results
 
 
-SWEEP = (  # (num_pivots, sub, num_warps, block); the first is the default
+SWEEP = (  # the first is the default
     IsdTuning(),
+    IsdTuning(block=4096),
+    IsdTuning(block=1024),
     IsdTuning(num_pivots=8),
     IsdTuning(num_pivots=32, sub=128),
-    IsdTuning(num_pivots=4, sub=512),
-    IsdTuning(sub=512, num_warps=16),
-    IsdTuning(block=2048, num_warps=4),
+    IsdTuning(block=4096, sub=512, num_warps=16),
 )
 
 

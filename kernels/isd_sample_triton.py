@@ -302,9 +302,14 @@ def _assemble_kernel(
 
 @dataclass(frozen=True)
 class IsdTuning:
-    """Launch parameters of the row kernel (defaults untuned: no GPU was available to tune on)."""
+    """Launch parameters of the row kernel.
 
-    block: int = 4096  # vocab entries per streaming step
+    Not timed yet (no GPU this session). Chosen from ptxas -v for sm_90a (Triton 3.9): block 2048 with
+    8 warps uses 64 registers and no spills (4 programs per SM); block 4096 needs 128 registers and
+    spills. ``benchmarks/gpu_kernels.py`` sweeps the alternatives.
+    """
+
+    block: int = 2048  # vocab entries per streaming step
     num_pivots: int = 16  # keys tested per top-k/top-p search pass (<= 8 passes at 16)
     sub: int = 256  # entries per [sub, num_pivots] comparison tile in a search pass
     num_warps: int = 8

@@ -47,13 +47,24 @@ def _compile_all() -> None:
         compiled = triton.compile(src, target=target, options={"num_warps": num_warps})
         assert compiled.asm["cubin"], fn.__name__
 
+    default = isd.IsdTuning()
     for logits in ("*bf16", "*fp32"):
         for has_probs in (True, False):
-            constexprs = {"HAS_DRAFT_PROBS": has_probs, "BLOCK": 4096, "NUM_PIVOTS": 16, "SUB": 256}
-            build(isd._isd_rows_kernel, {**ISD_POINTERS, "logits": logits}, constexprs, 8)
+            constexprs = {
+                "HAS_DRAFT_PROBS": has_probs,
+                "BLOCK": default.block,
+                "NUM_PIVOTS": default.num_pivots,
+                "SUB": default.sub,
+            }
+            build(
+                isd._isd_rows_kernel,
+                {**ISD_POINTERS, "logits": logits},
+                constexprs,
+                default.num_warps,
+            )
     # the other launch configs the GPU benchmark sweeps
-    for pivots, sub, warps, block in ((8, 256, 8, 4096), (32, 128, 8, 4096), (4, 512, 8, 4096),
-                                      (16, 512, 16, 4096), (16, 256, 4, 2048)):  # fmt: skip
+    for pivots, sub, warps, block in ((16, 256, 8, 4096), (16, 256, 8, 1024), (8, 256, 8, 2048),
+                                      (32, 128, 8, 2048), (16, 512, 16, 4096)):  # fmt: skip
         constexprs = {"HAS_DRAFT_PROBS": True, "BLOCK": block, "NUM_PIVOTS": pivots, "SUB": sub}
         build(isd._isd_rows_kernel, ISD_POINTERS, constexprs, warps)
     pointers = {name: "*i64" for name in isd._assemble_kernel.arg_names}
