@@ -114,10 +114,12 @@ def gated_lora_triton(
     rows = rows.to(torch.int64)
     num_rows, d_in = rows.numel(), x.shape[1]
     block_g = 16
-    block_k = 64
     # fp32 inputs: exact fp32 products (no TF32). The interpreter (triton 3.9) computes bf16
     # tl.dot wrongly, so it also takes the fp32 path there.
     dot_fp32 = x.dtype == torch.float32 or triton_interpreting()
+    # ptxas -v, sm_90a, rank 128: shrink uses 249 registers (bf16, BLOCK_K 64) without spills; fp32
+    # operands spill at 64, so they take 32.
+    block_k = 32 if x.dtype == torch.float32 else 64
     for s in slices:
         _check_operand("lora_a", s.lora_a, device, x.dtype)
         _check_operand("lora_b", s.lora_b, device, x.dtype)

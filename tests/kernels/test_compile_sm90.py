@@ -72,7 +72,12 @@ def _compile_all() -> None:
     build(isd._assemble_kernel, pointers, {"BLOCK_W": 4})
     for dtype, dot_fp32 in (("*bf16", False), ("*fp32", True)):
         shrink = {"x": dtype, "lora_a": dtype, "rows": "*i64", "partial": "*fp32"}
-        consts = {"BLOCK_G": 16, "BLOCK_R": 128, "BLOCK_K": 64, "DOT_FP32": dot_fp32}
+        consts = {
+            "BLOCK_G": 16,
+            "BLOCK_R": 128,
+            "BLOCK_K": 32 if dot_fp32 else 64,
+            "DOT_FP32": dot_fp32,
+        }
         build(lora._shrink_kernel, shrink, consts)
         expand = {"y": dtype, "lora_b": dtype, "rows": "*i64", "partial": "*fp32", "scale": "fp32"}
         consts = {"BLOCK_G": 16, "BLOCK_R": 128, "BLOCK_N": 32, "DOT_FP32": dot_fp32}
