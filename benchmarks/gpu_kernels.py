@@ -130,14 +130,18 @@ def _check_isd(batch: IsdBatch) -> dict:
 
 
 def _lora_case(num_reqs: int, dtype: torch.dtype, sizes: tuple[int, ...], seed: int = 0):
+    """Decode layout: B requests of 2K+1 rows, the last K (MASK) rows gated. num_reqs = 0 means a
+    training-size batch instead: 4096 tokens, every other one gated."""
     gen = torch.Generator().manual_seed(seed)
-    tokens = num_reqs * (2 * K + 1)
+    tokens = num_reqs * (2 * K + 1) if num_reqs else 4096
     y = torch.randn(tokens, sum(sizes), generator=gen)
     x = torch.randn(tokens, HIDDEN, generator=gen)
     a_list = [torch.randn(RANK, HIDDEN, generator=gen) / HIDDEN**0.5 for _ in sizes]
     b_list = [torch.randn(s, RANK, generator=gen) / RANK**0.5 for s in sizes]
     # gated rows: the K MASK rows at the end of each request's 2K+1 rows
     rows = torch.tensor([r * (2 * K + 1) + K + 1 + j for r in range(num_reqs) for j in range(K)])
+    if not num_reqs:
+        rows = torch.arange(1, tokens, 2)
     to = {"device": DEVICE, "dtype": dtype}
     return (
         y.to(**to), x.to(**to), [a.to(**to) for a in a_list], [b.to(**to) for b in b_list],
@@ -147,9 +151,10 @@ def _lora_case(num_reqs: int, dtype: torch.dtype, sizes: tuple[int, ...], seed: 
 
 def lora_parity(deadline: Deadline) -> list[dict]:
     rows = []
-    for num_reqs in BATCHES:
+    for num_reqs in (*BATCHES, 0):
         for dtype in (torch.float32, torch.bfloat16):
-            name = f"gated_lora B={num_reqs} qkv rank={RANK} {str(dtype)[6:]}"
+            batch = f"B={num_reqs}" if num_reqs else "train T=4096 G=2048"
+            name = f"gated_lora {batch} qkv rank={RANK} {str(dtype)[6:]}"
             if deadline.passed():
                 rows.append({"case": name, "result": "skipped (deadline)", "detail": ""})
                 continue
@@ -273,7 +278,7 @@ def isd_tuning_sweep(deadline: Deadline, bandwidth: float) -> list[dict]:
 def lora_timing(deadline: Deadline, bandwidth: float) -> list[dict]:
     results = []
     for sizes, label in ((QKV, "qkv"), ((HIDDEN,), "o_proj")):
-        for num_reqs in (1, 4, 16, 64):
+        for num_reqs in (1, 4, 16, 64, 0):
             if deadline.passed():
                 break
             results.append(_time_lora(num_reqs, sizes, f"{label} {sizes}", bandwidth))
@@ -288,7 +293,8 @@ def _time_lora(num_reqs: int, sizes: tuple[int, ...], label: str, bandwidth: flo
     # x rows, A and B read once; y rows read and written; all bf16
     floor_bytes = 2 * (num_gated * HIDDEN + RANK * HIDDEN * len(sizes) + out * RANK)
     floor_bytes += 2 * 2 * num_gated * out
-    shape = f"{label} rank {RANK} bf16 B={num_reqs} G={num_gated}/{y.shape[0]} rows"
+    batch = f"B={num_reqs}" if num_reqs else "train"
+    shape = f"{label} rank {RANK} bf16 {batch} G={num_gated}/{y.shape[0]} rows"
     return _timing_row("gated_lora", shape, ref_ms, triton_ms, floor_bytes / bandwidth * 1e3)
 
 

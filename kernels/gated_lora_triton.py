@@ -12,6 +12,7 @@ Two kernels per slice, both over the gathered rows only:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import triton
@@ -86,6 +87,23 @@ def _expand_kernel(
     tl.store(ptrs, (base.to(tl.float32) + scale * delta).to(base.dtype), mask=ok)
 
 
+class _LaunchConfig(NamedTuple):
+    block_g: int
+    block_k: int
+    block_n: int
+    num_warps: int
+
+
+def _launch_config(num_rows: int, fp32: bool) -> _LaunchConfig:
+    """Tiles by gated-row count. Registers from ptxas -v, sm_90a, rank 128 (not yet timed):
+    decode (<= 256 rows, 16-row tiles, 4 warps): shrink 249 (bf16, BLOCK_K 64; fp32 spills at 64 so
+    takes 32), expand 56. Training (64-row tiles, 8 warps, bf16/fp16): shrink 128 at BLOCK_K 32,
+    expand 128 at BLOCK_N 64; an fp32 expand spills there, so fp32 keeps 16-row tiles."""
+    if num_rows > 256 and not fp32:
+        return _LaunchConfig(block_g=64, block_k=32, block_n=64, num_warps=8)
+    return _LaunchConfig(block_g=16, block_k=32 if fp32 else 64, block_n=32, num_warps=4)
+
+
 def _check_operand(name: str, t: Tensor, device: torch.device, dtype: torch.dtype) -> None:
     if t.device != device or t.dtype != dtype:
         raise ValueError(f"{name}: {t.dtype} on {t.device}, expected {dtype} on {device}")
@@ -113,32 +131,32 @@ def gated_lora_triton(
         raise ValueError(f"rows must be 1-d on {device}, got {tuple(rows.shape)} on {rows.device}")
     rows = rows.to(torch.int64)
     num_rows, d_in = rows.numel(), x.shape[1]
-    block_g = 16
     # fp32 inputs: exact fp32 products (no TF32). The interpreter (triton 3.9) computes bf16
     # tl.dot wrongly, so it also takes the fp32 path there.
     dot_fp32 = x.dtype == torch.float32 or triton_interpreting()
-    # ptxas -v, sm_90a, rank 128: shrink uses 249 registers (bf16, BLOCK_K 64) without spills; fp32
-    # operands spill at 64, so they take 32.
-    block_k = 32 if x.dtype == torch.float32 else 64
+    cfg = _launch_config(num_rows, x.dtype == torch.float32)
+    grid_g = triton.cdiv(num_rows, cfg.block_g)
     for s in slices:
         _check_operand("lora_a", s.lora_a, device, x.dtype)
         _check_operand("lora_b", s.lora_b, device, x.dtype)
         rank = s.lora_a.shape[0]
         block_r = max(16, triton.next_power_of_2(rank))
-        num_splits = min(16, triton.cdiv(d_in, block_k))
-        k_per_split = triton.cdiv(triton.cdiv(d_in, num_splits), block_k) * block_k
+        # Split the reduction over `in` only while the gathered rows give too few programs (a few
+        # MASK rows at decode); training-size row counts need no split and no big partial buffer.
+        num_splits = max(1, min(16, triton.cdiv(256, grid_g), triton.cdiv(d_in, cfg.block_k)))
+        k_per_split = triton.cdiv(triton.cdiv(d_in, num_splits), cfg.block_k) * cfg.block_k
         num_splits = triton.cdiv(d_in, k_per_split)
         partial = torch.empty(num_splits, num_rows, block_r, dtype=torch.float32, device=device)
-        grid_g = triton.cdiv(num_rows, block_g)
         _shrink_kernel[(grid_g, num_splits)](
             x, x.stride(0), s.lora_a, s.lora_a.stride(0), rows, partial, num_rows, d_in, rank,
-            k_per_split, BLOCK_G=block_g, BLOCK_R=block_r, BLOCK_K=block_k, DOT_FP32=dot_fp32,
+            k_per_split, BLOCK_G=cfg.block_g, BLOCK_R=block_r, BLOCK_K=cfg.block_k,
+            DOT_FP32=dot_fp32, num_warps=cfg.num_warps,
         )  # fmt: skip
         y_slice = y.narrow(1, s.offset, s.size)
-        block_n = 64 if block_r <= 64 else 32
+        block_n = cfg.block_n if block_r <= 128 else 32
         _expand_kernel[(grid_g, triton.cdiv(s.size, block_n))](
             y_slice, y.stride(0), s.lora_b, s.lora_b.stride(0), rows, partial, num_rows, s.size,
-            rank, num_splits, float(scale), BLOCK_G=block_g, BLOCK_R=block_r, BLOCK_N=block_n,
-            DOT_FP32=dot_fp32,
+            rank, num_splits, float(scale), BLOCK_G=cfg.block_g, BLOCK_R=block_r,
+            BLOCK_N=block_n, DOT_FP32=dot_fp32, num_warps=cfg.num_warps,
         )  # fmt: skip
     return y

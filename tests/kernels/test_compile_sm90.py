@@ -82,6 +82,21 @@ def _compile_all() -> None:
         expand = {"y": dtype, "lora_b": dtype, "rows": "*i64", "partial": "*fp32", "scale": "fp32"}
         consts = {"BLOCK_G": 16, "BLOCK_R": 128, "BLOCK_N": 32, "DOT_FP32": dot_fp32}
         build(lora._expand_kernel, expand, consts)
+    # training-size tiles (more than 256 gated rows, bf16)
+    shrink = {"x": "*bf16", "lora_a": "*bf16", "rows": "*i64", "partial": "*fp32"}
+    build(
+        lora._shrink_kernel,
+        shrink,
+        {"BLOCK_G": 64, "BLOCK_R": 128, "BLOCK_K": 32, "DOT_FP32": False},
+        8,
+    )
+    expand = {"y": "*bf16", "lora_b": "*bf16", "rows": "*i64", "partial": "*fp32", "scale": "fp32"}
+    build(
+        lora._expand_kernel,
+        expand,
+        {"BLOCK_G": 64, "BLOCK_R": 128, "BLOCK_N": 64, "DOT_FP32": False},
+        8,
+    )
 
 
 def test_kernels_compile_for_sm90() -> None:

@@ -66,6 +66,13 @@ def test_kernel_matches_ref_bf16() -> None:
     )
 
 
+def test_kernel_matches_ref_many_gated_rows_bf16() -> None:
+    """More than 256 gated rows switches to the training-size tiles (64 rows, no split over in)."""
+    _check(
+        tokens=300, d_in=48, sizes=[40], ranks=[8], num_gated=280, dtype=torch.bfloat16, atol=1e-2
+    )
+
+
 def test_kernel_gate_closed_is_a_no_op() -> None:
     y, x, a_list, b_list, _ = _case(6, 32, [16], [4], 0, torch.float32)
     before = y.clone()
@@ -90,15 +97,18 @@ def test_kernel_forward_autograd_matches_ref_gradients() -> None:
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("num_gated", [3, 48, 192])
+@pytest.mark.parametrize("num_gated", [3, 48, 192, 2048])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_matches_ref_realistic_shapes_on_gpu(num_gated: int, dtype: torch.dtype) -> None:
+    """Decode (3-192 MASK rows of 2K+1 per request) and training-size (2048 of 4096) gates."""
     atol = 1e-4 if dtype == torch.float32 else 2e-2
+    tokens = max(448, 2 * num_gated)
+    sizes, ranks = [4096, 1024, 1024], [128] * 3
     _check(
-        tokens=448,
+        tokens=tokens,
         d_in=4096,
-        sizes=[4096, 1024, 1024],
-        ranks=[128] * 3,
+        sizes=sizes,
+        ranks=ranks,
         num_gated=num_gated,
         dtype=dtype,
         atol=atol,
