@@ -40,7 +40,9 @@ def _key(z):
 
 @triton.jit
 def _scaled(logits_row, offs, vocab, mask_token_id, temp):
-    x = tl.load(logits_row + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+    # offs >= 0 guards the single-entry read at a (caller-supplied) draft id
+    in_range = (offs >= 0) & (offs < vocab)
+    x = tl.load(logits_row + offs, mask=in_range, other=float("-inf")).to(tl.float32)
     x = tl.where(offs == mask_token_id, float("-inf"), x)
     # IEEE division like torch's (div_rn does not broadcast a scalar); + 0.0 turns -0.0 into +0.0
     return tl.math.div_rn(x, tl.zeros_like(x) + temp) + 0.0
@@ -270,7 +272,8 @@ def _isd_rows_kernel(
             draft = tl.load(draft_ids + draft_idx)
             z_draft = _scaled(logits_row, draft, vocab, mask_token_id, temp)
             p_draft = tl.where(_key(z_draft) >= threshold, tl.exp(z_draft - z_max) / total, 0.0)
-            q_draft = tl.load(q_row + draft, mask=q_limit > 0, other=0.0)
+            draft_in_vocab = (draft >= 0) & (draft < vocab)
+            q_draft = tl.load(q_row + draft, mask=(q_limit > 0) & draft_in_vocab, other=0.0)
             u = tl.load(uniforms + draft_idx)
             ok = (q_draft > 0) & (p_draft.to(tl.float64) >= u * q_draft.to(tl.float64))
             tl.store(accepted_out + draft_idx, ok.to(tl.int8))
