@@ -2,14 +2,12 @@
 
 One program per logits row streams the row in vocab blocks (no sort, no [R, V] temporaries):
 
-1. max of the scaled logits ``z = logits / T`` (MASK = -inf) and its first argmax (greedy rows stop here);
-2. top-k: the k-th largest ``z`` by bisection on the order-preserving integer key of fp32 values, one
-   counting pass per step, exact after at most 32 steps;
-3. top-p: the smallest kept value whose strictly-larger mass is < top_p, by the same bisection on the
-   mass above a key;
-4. the normaliser over the kept entries, the draft's target prob (acceptance) and one pass that races
-   ``p~ / noise`` (bonus and next drafts) and ``max(0, p~ - q~) / noise`` (recovered), writing ``q~`` of
-   MASK rows.
+1. online max, first argmax and normaliser of the scaled logits ``z = logits / T`` (MASK = -inf);
+   greedy rows stop here;
+2. top-k / top-p thresholds, exact, by the pivot search of ``idlm_kernels.topk_topp_search``
+   (at most 8 passes each), then the normaliser over the kept entries;
+3. the draft's target prob (acceptance) and one pass that races ``p~ / noise`` (bonus and next
+   drafts) and ``max(0, p~ - q~) / noise`` (recovered), writing ``q~`` of MASK rows.
 
 A second small program per request finds the first rejection and writes the output tokens.
 """
@@ -25,27 +23,14 @@ from torch import Tensor
 
 from idlm_kernels.isd_sample import IsdStep
 from idlm_kernels.ops import triton_interpreting
-
-# Key of -inf: fp32 bits 0xFF800000 with the magnitude bits flipped (see _key). A constexpr: compiled
-# kernels may only read constexpr globals.
-_KEY_NEG_INF = tl.constexpr(-2139095041)
-
-
-@triton.jit
-def _key(z):
-    """Order-preserving int64 key of fp32 values (z must not be -0.0; callers add 0.0)."""
-    bits = z.to(tl.int32, bitcast=True)
-    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-
-
-@triton.jit
-def _scaled(logits_row, offs, vocab, mask_token_id, temp):
-    # offs >= 0 guards the single-entry read at a (caller-supplied) draft id
-    in_range = (offs >= 0) & (offs < vocab)
-    x = tl.load(logits_row + offs, mask=in_range, other=float("-inf")).to(tl.float32)
-    x = tl.where(offs == mask_token_id, float("-inf"), x)
-    # IEEE division like torch's (div_rn does not broadcast a scalar); + 0.0 turns -0.0 into +0.0
-    return tl.math.div_rn(x, tl.zeros_like(x) + temp) + 0.0
+from idlm_kernels.topk_topp_search import (
+    KEY_NEG_INF,
+    load_scaled,
+    mass_above,
+    order_key,
+    top_k_key,
+    top_p_key,
+)
 
 
 @triton.jit
@@ -56,7 +41,7 @@ def _max_argmax_sum(logits_row, vocab, mask_token_id, temp, BLOCK: tl.constexpr)
     total = tl.full((), 0.0, tl.float32)
     for start in range(0, vocab, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        z = _scaled(logits_row, offs, vocab, mask_token_id, temp)
+        z = load_scaled(logits_row, offs, vocab, mask_token_id, temp)
         block_max = tl.max(z, 0)
         block_idx = start + tl.argmax(z, 0, tie_break_left=True).to(tl.int64)
         take = block_max > best
@@ -67,94 +52,6 @@ def _max_argmax_sum(logits_row, vocab, mask_token_id, temp, BLOCK: tl.constexpr)
         best_idx = tl.where(take, block_idx, best_idx)
         best = new_best
     return best, best_idx, total
-
-
-@triton.jit
-def _pivots(lo, hi, NUM_PIVOTS: tl.constexpr):
-    """NUM_PIVOTS keys splitting [lo, hi) evenly; all in [lo, hi), one > lo whenever hi - lo >= 2."""
-    j = tl.arange(0, NUM_PIVOTS).to(tl.int64) + 1
-    return lo + ((hi - lo) * j) // (NUM_PIVOTS + 1)
-
-
-@triton.jit
-def _count_at_least(logits_row, vocab, mask_token_id, temp, pivots, SUB: tl.constexpr):
-    """For each pivot key: how many entries have key >= pivot (one pass, all pivots at once)."""
-    count = tl.zeros(pivots.shape, tl.int32)
-    for start in range(0, vocab, SUB):
-        offs = start + tl.arange(0, SUB)
-        key = _key(_scaled(logits_row, offs, vocab, mask_token_id, temp))
-        key = tl.where(offs < vocab, key, _KEY_NEG_INF - 1)
-        count += tl.sum((key[:, None] >= pivots[None, :]).to(tl.int32), 0)
-    return count
-
-
-@triton.jit
-def _mass_above_pivots(
-    logits_row, vocab, mask_token_id, temp, z_max, floor, pivots, SUB: tl.constexpr
-):
-    """For each pivot key: sum of exp(z - z_max) over entries with key > pivot and key >= floor."""
-    mass = tl.zeros(pivots.shape, tl.float32)
-    for start in range(0, vocab, SUB):
-        offs = start + tl.arange(0, SUB)
-        z = _scaled(logits_row, offs, vocab, mask_token_id, temp)
-        key = _key(z)
-        weight = tl.where(key >= floor, tl.exp(z - z_max), 0.0)
-        mass += tl.sum(tl.where(key[:, None] > pivots[None, :], weight[:, None], 0.0), 0)
-    return mass
-
-
-@triton.jit
-def _mass_above(logits_row, vocab, mask_token_id, temp, z_max, floor, bound, BLOCK: tl.constexpr):
-    """Sum of exp(z - z_max) over entries with key > bound and key >= floor."""
-    mass = tl.full((), 0.0, tl.float32)
-    for start in range(0, vocab, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        z = _scaled(logits_row, offs, vocab, mask_token_id, temp)
-        key = _key(z)
-        mass += tl.sum(tl.where((key > bound) & (key >= floor), tl.exp(z - z_max), 0.0), 0)
-    return mass
-
-
-@triton.jit
-def _top_k_key(
-    logits_row, vocab, mask_token_id, temp, k, key_max, NUM_PIVOTS: tl.constexpr, SUB: tl.constexpr
-):
-    """Key of the k-th largest z: the largest key with at least k entries at or above it.
-
-    Search over integer keys with the invariant count(>= lo) >= k > count(>= hi); each pass tests
-    NUM_PIVOTS keys, so the interval shrinks (NUM_PIVOTS + 1)-fold: <= 8 passes for 16 pivots.
-    """
-    lo = tl.full((), _KEY_NEG_INF, tl.int64)  # every entry is >= -inf
-    hi = key_max + 1  # no entry is above the max
-    while hi - lo > 1:
-        pivots = _pivots(lo, hi, NUM_PIVOTS)
-        enough = _count_at_least(logits_row, vocab, mask_token_id, temp, pivots, SUB) >= k
-        lo = tl.max(tl.where(enough, pivots, lo), 0)
-        hi = tl.min(tl.where(enough, hi, pivots), 0)
-    return lo
-
-
-@triton.jit
-def _top_p_key(
-    logits_row, vocab, mask_token_id, temp, z_max, floor, key_max, top_p,
-    NUM_PIVOTS: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """Smallest key whose strictly-larger mass (within the top-k set) is < top_p of that set.
-
-    Invariant: mass_above(lo) >= budget > mass_above(hi); pivots as in _top_k_key.
-    """
-    kept_mass = _mass_above(logits_row, vocab, mask_token_id, temp, z_max, floor, floor - 1, BLOCK)
-    budget = top_p * kept_mass
-    lo = floor - 1  # mass above = kept_mass >= budget
-    hi = key_max  # mass above = 0 < budget when top_p > 0
-    lo = tl.where(budget > 0, lo, hi - 1)  # top_p <= 0 keeps only the max
-    while hi - lo > 1:
-        pivots = _pivots(lo, hi, NUM_PIVOTS)
-        mass = _mass_above_pivots(logits_row, vocab, mask_token_id, temp, z_max, floor, pivots, SUB)
-        small = mass < budget
-        hi = tl.min(tl.where(small, pivots, hi), 0)
-        lo = tl.max(tl.where(small, lo, pivots), 0)
-    return hi
 
 
 @triton.jit
@@ -185,8 +82,8 @@ def _race(
     for start in range(0, vocab, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         in_range = offs < vocab
-        z = _scaled(logits_row, offs, vocab, mask_token_id, temp)
-        p = tl.where(_key(z) >= threshold, tl.exp(z - z_max) / total, 0.0)
+        z = load_scaled(logits_row, offs, vocab, mask_token_id, temp)
+        p = tl.where(order_key(z) >= threshold, tl.exp(z - z_max) / total, 0.0)
         tl.store(probs_row + offs, p, mask=offs < probs_limit)
         noise = tl.load(noise_row + offs, mask=in_range, other=1.0)
         q = tl.load(q_row + offs, mask=offs < q_limit, other=0.0)
@@ -243,19 +140,19 @@ def _isd_rows_kernel(
     else:
         k = tl.load(top_k + req)
         p_top = tl.load(top_p + req)
-        key_max = _key(z_max)
-        threshold = tl.full((), _KEY_NEG_INF, tl.int64)
+        key_max = order_key(z_max)
+        threshold = tl.full((), KEY_NEG_INF, tl.int64)
         if (k > 0) & (k < vocab):
-            threshold = _top_k_key(
+            threshold = top_k_key(
                 logits_row, vocab, mask_token_id, temp, k, key_max, NUM_PIVOTS, SUB
             )
         if p_top < 1.0:
-            threshold = _top_p_key(
+            threshold = top_p_key(
                 logits_row, vocab, mask_token_id, temp, z_max, threshold, key_max, p_top,
                 NUM_PIVOTS, SUB, BLOCK,
             )  # fmt: skip
-        if threshold != _KEY_NEG_INF:  # filtered: renormalise over the kept entries
-            total = _mass_above(
+        if threshold != KEY_NEG_INF:  # filtered: renormalise over the kept entries
+            total = mass_above(
                 logits_row, vocab, mask_token_id, temp, z_max, threshold, threshold - 1, BLOCK
             )
         q_row = draft_probs + draft_idx * stride_draft_probs
@@ -270,8 +167,10 @@ def _isd_rows_kernel(
         )  # fmt: skip
         if is_draft:
             draft = tl.load(draft_ids + draft_idx)
-            z_draft = _scaled(logits_row, draft, vocab, mask_token_id, temp)
-            p_draft = tl.where(_key(z_draft) >= threshold, tl.exp(z_draft - z_max) / total, 0.0)
+            z_draft = load_scaled(logits_row, draft, vocab, mask_token_id, temp)
+            p_draft = tl.where(
+                order_key(z_draft) >= threshold, tl.exp(z_draft - z_max) / total, 0.0
+            )
             draft_in_vocab = (draft >= 0) & (draft < vocab)
             q_draft = tl.load(q_row + draft, mask=(q_limit > 0) & draft_in_vocab, other=0.0)
             u = tl.load(uniforms + draft_idx)
@@ -341,6 +240,39 @@ def _check(
         raise ValueError(f"{name} must be contiguous in its last dim (strides {t.stride()})")
 
 
+def _check_inputs(
+    logits: Tensor,
+    draft_token_ids: Tensor,
+    draft_probs: Tensor,
+    uniforms: Tensor,
+    noise: Tensor,
+    mask_token_id: int,
+) -> None:
+    device, (_, vocab), num_drafts = logits.device, logits.shape, draft_token_ids.shape[0]
+    _check("logits", logits, 2, (torch.float32, torch.bfloat16, torch.float16), device)
+    _check("noise", noise, 2, (torch.float32,), device)
+    _check("draft_probs", draft_probs, 2, (torch.float32,), device)
+    _check("draft_token_ids", draft_token_ids, 1, (torch.int64,), device)
+    _check("uniforms", uniforms, 1, (torch.float64,), device)
+    if noise.shape != logits.shape or uniforms.shape[0] != num_drafts:
+        raise ValueError(f"noise {tuple(noise.shape)} / uniforms {tuple(uniforms.shape)} mis-sized")
+    if draft_probs.shape[0] not in (0, num_drafts) or draft_probs.shape[1] != vocab:
+        raise ValueError(
+            f"draft_probs {tuple(draft_probs.shape)}, expected [{num_drafts}, {vocab}]"
+        )
+    if not 0 <= mask_token_id < vocab:
+        raise ValueError(f"mask_token_id {mask_token_id} outside the vocab of {vocab}")
+
+
+def _offsets(n: Tensor, m: Tensor, num_rows: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per row its request; per request its first row, first draft and first MASK (no host sync)."""
+    rows_per_req = 1 + n + m
+    row_start = torch.cumsum(rows_per_req, 0) - rows_per_req
+    req_ids = torch.arange(n.shape[0], device=n.device)
+    row_req = torch.repeat_interleave(req_ids, rows_per_req, output_size=num_rows)
+    return row_req, row_start, torch.cumsum(n, 0) - n, torch.cumsum(m, 0) - m
+
+
 def isd_verify_and_draft_triton(
     logits: Tensor,
     draft_token_ids: Tensor,
@@ -364,29 +296,12 @@ def isd_verify_and_draft_triton(
     Unlike the ref, an empty ``draft_probs`` is not checked against the requests' temperatures
     (that would sync): random requests' drafts then count as having zero draft prob (rejected).
     """
+    _check_inputs(logits, draft_token_ids, draft_probs, uniforms, noise, mask_token_id)
     device = logits.device
     num_rows, vocab = logits.shape
     num_reqs, num_drafts = num_draft_tokens.shape[0], draft_token_ids.shape[0]
-    _check("logits", logits, 2, (torch.float32, torch.bfloat16, torch.float16), device)
-    _check("noise", noise, 2, (torch.float32,), device)
-    _check("draft_probs", draft_probs, 2, (torch.float32,), device)
-    _check("draft_token_ids", draft_token_ids, 1, (torch.int64,), device)
-    _check("uniforms", uniforms, 1, (torch.float64,), device)
-    if noise.shape != logits.shape or uniforms.shape[0] != num_drafts:
-        raise ValueError(f"noise {tuple(noise.shape)} / uniforms {tuple(uniforms.shape)} mis-sized")
-    if draft_probs.shape[0] not in (0, num_drafts) or draft_probs.shape[1] != vocab:
-        raise ValueError(
-            f"draft_probs {tuple(draft_probs.shape)}, expected [{num_drafts}, {vocab}]"
-        )
-    if not 0 <= mask_token_id < vocab:
-        raise ValueError(f"mask_token_id {mask_token_id} outside the vocab of {vocab}")
     n = num_draft_tokens.to(device=device, dtype=torch.int64)
     m = num_mask_tokens.to(device=device, dtype=torch.int64)
-    rows_per_req = 1 + n + m
-    row_start = torch.cumsum(rows_per_req, 0) - rows_per_req
-    row_req = torch.repeat_interleave(
-        torch.arange(num_reqs, device=device), rows_per_req, output_size=num_rows
-    )
     num_masks = num_rows - num_reqs - num_drafts
     if max_num_draft_tokens is None:
         max_num_draft_tokens = int(n.max()) if num_reqs else 0
@@ -400,8 +315,7 @@ def isd_verify_and_draft_triton(
     num_accepted = torch.empty(num_reqs, dtype=torch.int64, device=device)
     if num_reqs == 0:
         return IsdStep(output, num_accepted, next_ids, next_probs)
-    cu_draft = torch.cumsum(n, 0) - n
-    cu_mask = torch.cumsum(m, 0) - m
+    row_req, row_start, cu_draft, cu_mask = _offsets(n, m, num_rows)
     tuning = tuning or IsdTuning()
     block = min(triton.next_power_of_2(vocab), tuning.block)
     # The interpreter is fastest with the largest tiles.
