@@ -133,8 +133,10 @@ def gated_lora(
         impl = gated_lora_ref
     weights = [lora_a] if isinstance(lora_a, Tensor) else list(lora_a)
     weights += [lora_b] if isinstance(lora_b, Tensor) else list(lora_b)
+    # y counts too: the Triton kernel writes through a raw pointer, so an autograd-tracked y must
+    # go through the Function (mark_dirty) for its in-place change to be recorded.
     needs_grad = torch.is_grad_enabled() and (
-        x.requires_grad or any(w.requires_grad for w in weights)
+        y.requires_grad or x.requires_grad or any(w.requires_grad for w in weights)
     )
     if needs_grad:
         return gated_lora_autograd(impl, y, x, lora_a, lora_b, rows, scale, output_slices)

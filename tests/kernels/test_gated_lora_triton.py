@@ -113,3 +113,14 @@ def test_kernel_matches_ref_realistic_shapes_on_gpu(num_gated: int, dtype: torch
         dtype=dtype,
         atol=atol,
     )
+
+
+def test_kernel_in_place_on_a_tracked_y_keeps_its_gradient_exact() -> None:
+    """Only y needs a gradient (frozen adapter, grad mode on): the kernel's raw in-place write
+    must still be recorded, and y's gradient passes through unchanged."""
+    y, x, a_list, b_list, rows = _case(6, 32, [16], [4], 2, torch.float32)
+    leaf = y.clone().requires_grad_()
+    with ops.use_backend("triton"):
+        out = ops.gated_lora(leaf * 1.0, x, a_list, b_list, rows, 0.5, [16])
+    out.sum().backward()
+    assert torch.equal(leaf.grad, torch.ones_like(y))

@@ -93,3 +93,16 @@ def test_kernel_handles_rows_whose_first_block_is_all_minus_inf() -> None:
     batch.top_k.zero_()
     batch.top_p.fill_(1.0)
     _check(batch)
+
+
+@pytest.mark.parametrize("seed", [13, 14])
+def test_kernel_matches_ref_at_extreme_sampling_params(seed: int) -> None:
+    """k = 1 and V - 1, top-p just below 1 and near 0, temperatures 2e-5 / 1e-4 / 100, -inf holes."""
+    batch = make_isd_batch(
+        4, 100, [3, 2, 1, 0], [1, 2, 3, 3], mode="random", seed=seed, device=DEVICE
+    )
+    batch.logits[:, 10:20] = float("-inf")
+    batch.top_k = torch.tensor([1, 99, 50, 0], device=DEVICE)
+    batch.top_p = torch.tensor([0.999999, 1e-6, 0.5, 0.3], device=DEVICE)
+    batch.temperature = torch.tensor([2e-5, 1e-4, 100.0, 1.0], device=DEVICE)
+    _check(batch)
