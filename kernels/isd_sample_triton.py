@@ -140,7 +140,7 @@ def _isd_rows_kernel(
     else:
         k = tl.load(top_k + req)
         p_top = tl.load(top_p + req)
-        key_max = order_key(z_max)
+        key_max = order_key(z_max).to(tl.int64)
         threshold = tl.full((), KEY_NEG_INF, tl.int64)
         if (k > 0) & (k < vocab):
             threshold = top_k_key(

@@ -19,9 +19,12 @@ KEY_NEG_INF = tl.constexpr(-2139095041)
 
 @triton.jit
 def order_key(z):
-    """Order-preserving int64 key of fp32 values (z must not be -0.0; callers add 0.0)."""
+    """Order-preserving int32 key of fp32 values (z must not be -0.0; callers add 0.0).
+
+    Searches run on int64 intervals (their widths reach 2^32); the per-entry comparisons stay
+    int32, the cheaper type on the GPU."""
     bits = z.to(tl.int32, bitcast=True)
-    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
 
 
 @triton.jit
@@ -46,6 +49,7 @@ def _pivots(lo, hi, NUM_PIVOTS: tl.constexpr):
 def _count_at_least(logits_row, vocab, mask_token_id, temp, pivots, SUB: tl.constexpr):
     """For each pivot key: how many entries have key >= pivot (one pass, all pivots at once)."""
     count = tl.zeros(pivots.shape, tl.int32)
+    pivots = pivots.to(tl.int32)  # pivots lie in [KEY_NEG_INF - 1, max key]
     for start in range(0, vocab, SUB):
         offs = start + tl.arange(0, SUB)
         key = order_key(load_scaled(logits_row, offs, vocab, mask_token_id, temp))
@@ -60,6 +64,7 @@ def _mass_above_pivots(
 ):
     """For each pivot key: sum of exp(z - z_max) over entries with key > pivot and key >= floor."""
     mass = tl.zeros(pivots.shape, tl.float32)
+    pivots = pivots.to(tl.int32)  # pivots lie in [KEY_NEG_INF - 1, max key]
     for start in range(0, vocab, SUB):
         offs = start + tl.arange(0, SUB)
         z = load_scaled(logits_row, offs, vocab, mask_token_id, temp)
