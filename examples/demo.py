@@ -13,7 +13,6 @@ from pathlib import Path
 
 ENGINE = dict(
     dtype="float32",
-    max_model_len=512,
     kv_cache_memory_bytes=512 << 20,
     disable_log_stats=False,
     seed=0,

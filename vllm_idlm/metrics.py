@@ -39,7 +39,9 @@ class IsdMetrics:
     @property
     def acceptance_per_position(self) -> tuple[float, ...]:
         """P(draft i accepted | a verify round reached position i)."""
-        verify_rounds = self.num_draft_tokens / self.num_drafts if self.num_drafts else 0
+        if not self.num_drafts:
+            return ()
+        verify_rounds = self.num_draft_tokens / self.num_drafts
         reached = [verify_rounds] + list(self.accepted_per_position[:-1])
         return tuple(
             a / r if r else 0.0 for a, r in zip(self.accepted_per_position, reached, strict=True)
@@ -47,17 +49,13 @@ class IsdMetrics:
 
     def minus(self, earlier: IsdMetrics) -> IsdMetrics:
         """The figures of the work done since `earlier` was read."""
+        before = earlier.accepted_per_position or (0,) * len(self.accepted_per_position)
         return IsdMetrics(
             self.num_drafts,
             self.num_rounds - earlier.num_rounds,
             self.num_draft_tokens - earlier.num_draft_tokens,
             self.num_accepted_tokens - earlier.num_accepted_tokens,
-            tuple(
-                a - b
-                for a, b in zip(
-                    self.accepted_per_position, earlier.accepted_per_position, strict=True
-                )
-            ),
+            tuple(a - b for a, b in zip(self.accepted_per_position, before, strict=True)),
         )
 
 
