@@ -241,6 +241,7 @@ SWEEP = (  # the first is the default
     IsdTuning(num_pivots=8),
     IsdTuning(num_pivots=32, sub=128),
     IsdTuning(block=4096, sub=512, num_warps=16),
+    IsdTuning(cap=0),  # thresholds always searched over the whole row
 )
 
 
@@ -269,7 +270,8 @@ def isd_tuning_sweep(deadline: Deadline, bandwidth: float) -> list[dict]:
                 same, ms = f"error {type(e).__name__}", float("nan")
             shape = (
                 f"V={BIG_VOCAB} B={num_reqs} top-p 0.95 pivots={tuning.num_pivots} "
-                f"sub={tuning.sub} warps={tuning.num_warps} block={tuning.block} same={same}"
+                f"sub={tuning.sub} warps={tuning.num_warps} block={tuning.block} cap={tuning.cap} "
+                f"same={same}"
             )
             results.append(_timing_row("isd sweep", shape, float("nan"), ms, floor_ms))
     return results

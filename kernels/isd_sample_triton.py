@@ -4,8 +4,10 @@ One program per logits row streams the row in vocab blocks (no sort, no [R, V] t
 
 1. online max, first argmax and normaliser of the scaled logits ``z = logits / T`` (MASK = -inf);
    greedy rows stop here;
-2. top-k / top-p thresholds, exact, by the pivot search of ``idlm_kernels.topk_topp_search``
-   (at most 8 passes each), then the normaliser over the kept entries;
+2. top-k / top-p thresholds, exact, by ``idlm_kernels.topk_topp_search``: one bracketing pass,
+   one pass compacting the candidates into a per-row scratch buffer, pivot searches over those
+   (falling back to pivot passes over the whole row when there are more than ``cap``), then the
+   normaliser over the kept entries;
 3. the draft's target prob (acceptance) and one pass that races ``p~ / noise`` (bonus and next
    drafts) and ``max(0, p~ - q~) / noise`` (recovered), writing ``q~`` of MASK rows.
 
@@ -23,14 +25,7 @@ from torch import Tensor
 
 from idlm_kernels.isd_sample import IsdStep
 from idlm_kernels.ops import triton_interpreting
-from idlm_kernels.topk_topp_search import (
-    KEY_NEG_INF,
-    load_scaled,
-    mass_above,
-    order_key,
-    top_k_key,
-    top_p_key,
-)
+from idlm_kernels.topk_topp_search import filter_thresholds, load_scaled, order_key
 
 
 @triton.jit
@@ -109,7 +104,7 @@ def _isd_rows_kernel(
     logits, stride_logits, noise, stride_noise, draft_probs, stride_draft_probs, draft_ids, uniforms,
     row_req, row_start, num_draft, cu_draft, cu_mask, temperature, top_k, top_p,
     accepted_out, recovered_out, bonus_out, next_ids_out, next_probs_out, stride_next_probs,
-    vocab, mask_token_id, HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr,
+    scratch, cap, vocab, mask_token_id, HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr,
     NUM_PIVOTS: tl.constexpr, SUB: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
@@ -138,23 +133,10 @@ def _isd_rows_kernel(
                 offs = start + tl.arange(0, BLOCK)
                 tl.store(next_probs_row + offs, tl.zeros((BLOCK,), tl.float32), mask=offs < vocab)
     else:
-        k = tl.load(top_k + req)
-        p_top = tl.load(top_p + req)
-        key_max = order_key(z_max).to(tl.int64)
-        threshold = tl.full((), KEY_NEG_INF, tl.int64)
-        if (k > 0) & (k < vocab):
-            threshold = top_k_key(
-                logits_row, vocab, mask_token_id, temp, k, key_max, NUM_PIVOTS, SUB
-            )
-        if p_top < 1.0:
-            threshold = top_p_key(
-                logits_row, vocab, mask_token_id, temp, z_max, threshold, key_max, p_top,
-                NUM_PIVOTS, SUB, BLOCK,
-            )  # fmt: skip
-        if threshold != KEY_NEG_INF:  # filtered: renormalise over the kept entries
-            total = mass_above(
-                logits_row, vocab, mask_token_id, temp, z_max, threshold, threshold - 1, BLOCK
-            )
+        threshold, total = filter_thresholds(
+            logits_row, vocab, mask_token_id, temp, z_max, total, tl.load(top_k + req),
+            tl.load(top_p + req), scratch + row * cap, cap, NUM_PIVOTS, SUB, BLOCK, 1.0,
+        )  # fmt: skip
         q_row = draft_probs + draft_idx * stride_draft_probs
         if HAS_DRAFT_PROBS:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
             q_limit = tl.where(is_draft, vocab, 0)
@@ -215,12 +197,15 @@ class IsdTuning:
     num_pivots: int = 16  # keys tested per top-k/top-p search pass (<= 8 passes at 16)
     sub: int = 256  # entries per [sub, num_pivots] comparison tile in a search pass
     num_warps: int = 8
+    cap: int = 2048  # most candidates per row searched in the scratch buffer (0: always the row)
 
     def __post_init__(self) -> None:
         for name in ("block", "num_pivots", "sub"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"IsdTuning.{name}={value} must be a power of two")
+        if self.cap < 0:
+            raise ValueError(f"IsdTuning.cap={self.cap} must be >= 0")
 
 
 def _ptr(t: Tensor) -> Tensor:
@@ -317,6 +302,7 @@ def isd_verify_and_draft_triton(
         return IsdStep(output, num_accepted, next_ids, next_probs)
     row_req, row_start, cu_draft, cu_mask = _offsets(n, m, num_rows)
     tuning = tuning or IsdTuning()
+    scratch = torch.empty(num_rows * max(tuning.cap, 1), dtype=torch.float32, device=device)
     block = min(triton.next_power_of_2(vocab), tuning.block)
     # The interpreter is fastest with the largest tiles.
     sub = block if triton_interpreting() else min(block, tuning.sub)
@@ -328,7 +314,7 @@ def isd_verify_and_draft_triton(
         top_k.to(device=device, dtype=torch.int64),
         top_p.to(device=device, dtype=torch.float32),
         _ptr(accepted), _ptr(recovered), bonus, _ptr(next_ids), _ptr(next_probs), vocab,
-        vocab, mask_token_id,
+        scratch, tuning.cap, vocab, mask_token_id,
         HAS_DRAFT_PROBS=draft_probs.shape[0] > 0, BLOCK=block, NUM_PIVOTS=tuning.num_pivots,
         SUB=sub, num_warps=tuning.num_warps,
     )  # fmt: skip

@@ -20,7 +20,7 @@ ISD_POINTERS = {
     "uniforms": "*fp64", "row_req": "*i64", "row_start": "*i64", "num_draft": "*i64",
     "cu_draft": "*i64", "cu_mask": "*i64", "temperature": "*fp32", "top_k": "*i64",
     "top_p": "*fp32", "accepted_out": "*i8", "recovered_out": "*i64", "bonus_out": "*i64",
-    "next_ids_out": "*i64", "next_probs_out": "*fp32",
+    "next_ids_out": "*i64", "next_probs_out": "*fp32", "scratch": "*fp32",
 }  # fmt: skip
 
 

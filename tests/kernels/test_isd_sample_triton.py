@@ -13,16 +13,16 @@ pytest.importorskip("triton")
 
 from idlm_kernels import ops  # noqa: E402
 from idlm_kernels.isd_sample import isd_verify_and_draft_ref  # noqa: E402
-from idlm_kernels.isd_sample_triton import isd_verify_and_draft_triton  # noqa: E402
+from idlm_kernels.isd_sample_triton import IsdTuning, isd_verify_and_draft_triton  # noqa: E402
 from idlm_kernels.testing import assert_isd_steps_match, make_isd_batch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _check(batch) -> None:
+def _check(batch, tuning: IsdTuning | None = None) -> None:
     reference = isd_verify_and_draft_ref(*batch.args())
-    actual = isd_verify_and_draft_triton(*batch.args())
+    actual = isd_verify_and_draft_triton(*batch.args(), tuning=tuning)
     assert_isd_steps_match(actual, reference, batch)
 
 
@@ -106,3 +106,13 @@ def test_kernel_matches_ref_at_extreme_sampling_params(seed: int) -> None:
     batch.top_p = torch.tensor([0.999999, 1e-6, 0.5, 0.3], device=DEVICE)
     batch.temperature = torch.tensor([2e-5, 1e-4, 100.0, 1.0], device=DEVICE)
     _check(batch)
+
+
+@pytest.mark.parametrize("cap", [0, 4])
+@pytest.mark.parametrize("vocab", [100, 8193])
+def test_kernel_matches_ref_when_thresholds_search_the_whole_row(cap: int, vocab: int) -> None:
+    """cap 0: never the compacted candidates; cap 4: only when at most 4 entries pass the edge."""
+    batch = make_isd_batch(3, vocab, [2, 1, 0], [1, 2, 2], mode="random", seed=15, device=DEVICE)
+    batch.top_k = torch.tensor([3, 0, 40], device=DEVICE)
+    batch.top_p = torch.tensor([0.9, 0.7, 1.0], device=DEVICE)
+    _check(batch, IsdTuning(cap=cap))
