@@ -35,9 +35,8 @@ _SAMPLING_EPS = 1e-5
 class IsdStep(NamedTuple):
     """Result of one verify-and-draft step."""
 
-    output_token_ids: (
-        Tensor  # [B, max(n)+1] int64: accepted drafts, then the emitted token, then -1
-    )
+    # [B, max(n)+1] int64: the accepted drafts, then the emitted token, then -1
+    output_token_ids: Tensor
     num_accepted: Tensor  # [B] int64
     next_draft_ids: Tensor  # [M] int64, M = sum(m_i)
     next_draft_probs: Tensor  # [M, V] float32; zeros for greedy requests
