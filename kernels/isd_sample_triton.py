@@ -100,22 +100,43 @@ def _race(
 
 
 @triton.jit
+def _locate(num_draft, num_mask, num_reqs, row, BLOCK_B: tl.constexpr):
+    """For logits row ``row``: its request, the request's first row, first draft index, first
+    MASK index and draft count (from the per-request counts; no host-side layout needed)."""
+    idx = tl.arange(0, BLOCK_B)
+    ok = idx < num_reqs
+    n = tl.load(num_draft + idx, mask=ok, other=0).to(tl.int64)
+    m = tl.load(num_mask + idx, mask=ok, other=0).to(tl.int64)
+    rows = tl.where(ok, 1 + n + m, 0)
+    req = tl.sum(((tl.cumsum(rows, 0) <= row) & ok).to(tl.int64), 0)
+    before = idx < req
+    return (
+        req,
+        tl.sum(tl.where(before, rows, 0), 0),
+        tl.sum(tl.where(before, n, 0), 0),
+        tl.sum(tl.where(before, m, 0), 0),
+        tl.sum(tl.where(idx == req, n, 0), 0),
+    )
+
+
+@triton.jit
 def _isd_rows_kernel(
     logits, stride_logits, noise, stride_noise, draft_probs, stride_draft_probs, draft_ids, uniforms,
-    row_req, row_start, num_draft, cu_draft, cu_mask, temperature, top_k, top_p,
+    num_draft, num_mask, num_reqs, temperature, top_k, top_p,
     accepted_out, recovered_out, bonus_out, next_ids_out, next_probs_out, stride_next_probs,
     scratch, cap, vocab, mask_token_id, HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr,
-    NUM_PIVOTS: tl.constexpr, SUB: tl.constexpr,
+    NUM_PIVOTS: tl.constexpr, SUB: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
-    req = tl.load(row_req + row)
-    local = row - tl.load(row_start + req)
-    n = tl.load(num_draft + req)
+    req, first_row, first_draft, first_mask, n = _locate(
+        num_draft, num_mask, num_reqs, row, BLOCK_B
+    )
+    local = row - first_row
     is_draft = local < n
     is_bonus = local == n
     is_mask = local > n
-    draft_idx = tl.load(cu_draft + req) + local
-    mask_idx = tl.load(cu_mask + req) + local - n - 1
+    draft_idx = first_draft + local
+    mask_idx = first_mask + local - n - 1
     logits_row = logits + row * stride_logits
     next_probs_row = next_probs_out + mask_idx * stride_next_probs
     temp = tl.load(temperature + req)
@@ -165,12 +186,14 @@ def _isd_rows_kernel(
 
 @triton.jit
 def _assemble_kernel(
-    draft_ids, accepted, recovered, bonus, num_draft, cu_draft, output, num_accepted_out,
-    width, BLOCK_W: tl.constexpr,
+    draft_ids, accepted, recovered, bonus, num_draft, num_reqs, output, num_accepted_out,
+    width, BLOCK_W: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0).to(tl.int64)
-    n = tl.load(num_draft + req)
-    first = tl.load(cu_draft + req)
+    idx = tl.arange(0, BLOCK_B)
+    counts = tl.load(num_draft + idx, mask=idx < num_reqs, other=0).to(tl.int64)
+    n = tl.sum(tl.where(idx == req, counts, 0), 0)
+    first = tl.sum(tl.where(idx < req, counts, 0), 0)
     pos = tl.arange(0, BLOCK_W).to(tl.int64)
     valid = pos < n
     ok = tl.load(accepted + first + pos, mask=valid, other=0)
@@ -249,15 +272,6 @@ def _check_inputs(
         raise ValueError(f"mask_token_id {mask_token_id} outside the vocab of {vocab}")
 
 
-def _offsets(n: Tensor, m: Tensor, num_rows: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per row its request; per request its first row, first draft and first MASK (no host sync)."""
-    rows_per_req = 1 + n + m
-    row_start = torch.cumsum(rows_per_req, 0) - rows_per_req
-    req_ids = torch.arange(n.shape[0], device=n.device)
-    row_req = torch.repeat_interleave(req_ids, rows_per_req, output_size=num_rows)
-    return row_req, row_start, torch.cumsum(n, 0) - n, torch.cumsum(m, 0) - m
-
-
 def isd_verify_and_draft_triton(
     logits: Tensor,
     draft_token_ids: Tensor,
@@ -285,8 +299,8 @@ def isd_verify_and_draft_triton(
     device = logits.device
     num_rows, vocab = logits.shape
     num_reqs, num_drafts = num_draft_tokens.shape[0], draft_token_ids.shape[0]
-    n = num_draft_tokens.to(device=device, dtype=torch.int64)
-    m = num_mask_tokens.to(device=device, dtype=torch.int64)
+    n = num_draft_tokens.to(device=device)
+    m = num_mask_tokens.to(device=device)
     num_masks = num_rows - num_reqs - num_drafts
     if max_num_draft_tokens is None:
         max_num_draft_tokens = int(n.max()) if num_reqs else 0
@@ -300,7 +314,9 @@ def isd_verify_and_draft_triton(
     num_accepted = torch.empty(num_reqs, dtype=torch.int64, device=device)
     if num_reqs == 0:
         return IsdStep(output, num_accepted, next_ids, next_probs)
-    row_req, row_start, cu_draft, cu_mask = _offsets(n, m, num_rows)
+    # Each program finds its request from the per-request counts: at least 64 wide, so batch
+    # sizes up to 64 share one compiled kernel.
+    block_b = max(64, triton.next_power_of_2(num_reqs))
     tuning = tuning or IsdTuning()
     scratch = torch.empty(num_rows * max(tuning.cap, 1), dtype=torch.float32, device=device)
     block = min(triton.next_power_of_2(vocab), tuning.block)
@@ -309,19 +325,18 @@ def isd_verify_and_draft_triton(
     _isd_rows_kernel[(num_rows,)](
         logits, logits.stride(0), noise, noise.stride(0), _ptr(draft_probs), draft_probs.stride(0),
         _ptr(draft_token_ids), _ptr(uniforms),
-        row_req, row_start, n, cu_draft, cu_mask,
+        n, m, num_reqs,
         temperature.to(device=device, dtype=torch.float32),
         top_k.to(device=device, dtype=torch.int64),
         top_p.to(device=device, dtype=torch.float32),
         _ptr(accepted), _ptr(recovered), bonus, _ptr(next_ids), _ptr(next_probs), vocab,
         scratch, tuning.cap, vocab, mask_token_id,
         HAS_DRAFT_PROBS=draft_probs.shape[0] > 0, BLOCK=block, NUM_PIVOTS=tuning.num_pivots,
-        SUB=sub, num_warps=tuning.num_warps,
+        SUB=sub, BLOCK_B=block_b, num_warps=tuning.num_warps,
     )  # fmt: skip
     width = max_num_draft_tokens + 1
     _assemble_kernel[(num_reqs,)](
-        _ptr(draft_token_ids), _ptr(accepted), _ptr(recovered), bonus, n, cu_draft, output,
-        num_accepted,
-        width, BLOCK_W=triton.next_power_of_2(width),
+        _ptr(draft_token_ids), _ptr(accepted), _ptr(recovered), bonus, n, num_reqs, output,
+        num_accepted, width, BLOCK_W=triton.next_power_of_2(width), BLOCK_B=block_b,
     )  # fmt: skip
     return IsdStep(output, num_accepted, next_ids, next_probs)

@@ -17,10 +17,9 @@ triton = pytest.importorskip("triton")
 
 ISD_POINTERS = {
     "logits": "*bf16", "noise": "*fp32", "draft_probs": "*fp32", "draft_ids": "*i64",
-    "uniforms": "*fp64", "row_req": "*i64", "row_start": "*i64", "num_draft": "*i64",
-    "cu_draft": "*i64", "cu_mask": "*i64", "temperature": "*fp32", "top_k": "*i64",
-    "top_p": "*fp32", "accepted_out": "*i8", "recovered_out": "*i64", "bonus_out": "*i64",
-    "next_ids_out": "*i64", "next_probs_out": "*fp32", "scratch": "*fp32",
+    "uniforms": "*fp64", "num_draft": "*i64", "num_mask": "*i64", "temperature": "*fp32",
+    "top_k": "*i64", "top_p": "*fp32", "accepted_out": "*i8", "recovered_out": "*i64",
+    "bonus_out": "*i64", "next_ids_out": "*i64", "next_probs_out": "*fp32", "scratch": "*fp32",
 }  # fmt: skip
 
 
@@ -55,6 +54,7 @@ def _compile_all() -> None:
                 "BLOCK": default.block,
                 "NUM_PIVOTS": default.num_pivots,
                 "SUB": default.sub,
+                "BLOCK_B": 64,
             }
             build(
                 isd._isd_rows_kernel,
@@ -65,11 +65,13 @@ def _compile_all() -> None:
     # the other launch configs the GPU benchmark sweeps
     for pivots, sub, warps, block in ((16, 256, 8, 4096), (16, 256, 8, 1024), (8, 256, 8, 2048),
                                       (32, 128, 8, 2048), (16, 512, 16, 4096)):  # fmt: skip
-        constexprs = {"HAS_DRAFT_PROBS": True, "BLOCK": block, "NUM_PIVOTS": pivots, "SUB": sub}
+        constexprs = {
+            "HAS_DRAFT_PROBS": True, "BLOCK": block, "NUM_PIVOTS": pivots, "SUB": sub, "BLOCK_B": 64,
+        }  # fmt: skip
         build(isd._isd_rows_kernel, ISD_POINTERS, constexprs, warps)
     pointers = {name: "*i64" for name in isd._assemble_kernel.arg_names}
-    pointers.update({"accepted": "*i8", "width": "i32"})
-    build(isd._assemble_kernel, pointers, {"BLOCK_W": 4})
+    pointers.update({"accepted": "*i8", "width": "i32", "num_reqs": "i32"})
+    build(isd._assemble_kernel, pointers, {"BLOCK_W": 4, "BLOCK_B": 64})
     for dtype, dot_fp32 in (("*bf16", False), ("*fp32", True)):
         shrink = {"x": dtype, "lora_a": dtype, "rows": "*i64", "partial": "*fp32"}
         consts = {

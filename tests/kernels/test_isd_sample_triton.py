@@ -116,3 +116,11 @@ def test_kernel_matches_ref_when_thresholds_search_the_whole_row(cap: int, vocab
     batch.top_k = torch.tensor([3, 0, 40], device=DEVICE)
     batch.top_p = torch.tensor([0.9, 0.7, 1.0], device=DEVICE)
     _check(batch, IsdTuning(cap=cap))
+
+
+def test_kernel_matches_ref_with_more_than_64_requests() -> None:
+    """Past 64 requests each program locates its request in a wider block (BLOCK_B = 128)."""
+    gen = torch.Generator().manual_seed(16)
+    drafts = torch.randint(0, 3, (70,), generator=gen).tolist()
+    masks = torch.randint(0, 2, (70,), generator=gen).tolist()
+    _check(make_isd_batch(70, 40, drafts, masks, mode="mixed", seed=16, device=DEVICE))
