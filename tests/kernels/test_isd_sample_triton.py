@@ -124,3 +124,11 @@ def test_kernel_matches_ref_with_more_than_64_requests() -> None:
     drafts = torch.randint(0, 2, (66,), generator=gen).tolist()
     masks = torch.randint(0, 2, (66,), generator=gen).tolist()
     _check(make_isd_batch(66, 40, drafts, masks, mode="mixed", seed=16, device=DEVICE))
+
+
+def test_all_greedy_batch_accepts_a_broadcast_noise_view() -> None:
+    """Greedy rows never read the noise, so an all-greedy caller may pass ones(1, V).expand(R, V)
+    (row stride 0) instead of allocating [R, V]."""
+    batch = make_isd_batch(3, 100, 2, 2, mode="greedy", seed=17, device=DEVICE)
+    batch.noise = torch.ones(1, 100, device=DEVICE).expand(batch.logits.shape[0], 100)
+    _check(batch)
