@@ -211,9 +211,9 @@ def _assemble_kernel(
 class IsdTuning:
     """Launch parameters of the row kernel.
 
-    Not timed yet (no GPU this session). Chosen from ptxas -v for sm_90a (Triton 3.9): block 2048 with
-    8 warps uses 64 registers and no spills (4 programs per SM); block 4096 needs 128 registers and
-    spills. ``benchmarks/gpu_kernels.py`` sweeps the alternatives.
+    Not timed yet (no GPU this session). Chosen from ptxas -v for sm_90a (Triton 3.9): block 2048
+    with 8 warps uses 64 registers, no spills (4 programs per SM); block 4096 uses 110 (2 per SM),
+    block 1024 48. ``benchmarks/gpu_kernels.py`` times the alternatives.
     """
 
     block: int = 2048  # vocab entries per streaming step
