@@ -8,8 +8,10 @@ because the kernel tests' conftest turns the interpreter on for this process.
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -111,4 +113,7 @@ def test_kernels_compile_for_sm90() -> None:
 
 
 if __name__ == "__main__":
+    # conftest's idlm_kernels registration (for an uninstalled checkout); TRITON_INTERPRET=0 from
+    # the parent's environment wins over its setdefault.
+    runpy.run_path(str(Path(__file__).with_name("conftest.py")))
     _compile_all()
