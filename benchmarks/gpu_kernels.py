@@ -13,7 +13,9 @@ Run on one CUDA GPU (torch + Triton; no vLLM, no network), from the repository r
    sweep of the ISD kernel's launch parameters on its slowest path (top-p).
 
 Writes ``parity.csv``, ``timing.csv`` and ``env.txt`` under ``--out`` and prints tables. Budget: well
-under 8 minutes on an H200; a deadline skips what is left rather than overrun.
+under 8 minutes on an H200; a deadline skips what is left rather than overrun. The unit tests run
+compiled on the same machine with ``pytest -q tests/kernels`` (``-m gpu`` for the full-size grid);
+neither needs the project installed.
 """
 
 from __future__ import annotations
