@@ -6,7 +6,8 @@ layer's (ISD.md section 4: never multiply a delta by a zero gate, never fold it 
 
 Packed layers (vLLM's ``qkv_proj``, ``gate_up_proj``) pass one ``(lora_a, lora_b)`` pair per output slice
 and ``output_slices``, the slice widths along ``y``'s last dim; each slice may have its own rank.
-``rows`` holds distinct row indices.
+``rows`` holds distinct row indices; entries < 0 are padding and skipped, so a CUDA-graph caller can
+pass a fixed-size ``rows`` (as vLLM's LoRA kernels treat a -1 mapping).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def gated_lora_ref(
     """Reference and CPU path: matmuls in the inputs' dtype, then ``index_add_`` on the gated rows."""
     if rows.numel() == 0:
         return y
+    rows = rows[rows >= 0]
     x_rows = x[rows]
     for s in lora_slices(y, x, lora_a, lora_b, output_slices):
         delta = (x_rows @ s.lora_a.T) @ s.lora_b.T * scale
@@ -109,6 +111,7 @@ class GatedLoraFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_y: Tensor) -> tuple:  # type: ignore[override]
         x, rows, *weights = ctx.saved_tensors
+        rows = rows[rows >= 0]
         scale, offsets = ctx.scale, _offsets(ctx.output_slices)
         x_rows = x[rows]
         grad_x_rows = torch.zeros_like(x_rows)

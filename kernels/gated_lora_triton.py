@@ -6,7 +6,7 @@ Two kernels per slice, both over the gathered rows only:
   handful of gated rows still spreads over many programs (a deterministic split: partials are summed
   by the expand kernel, no atomics);
 - expand: ``y[rows, slice] = y[rows, slice] + scale * sum_s(partial[s]) @ lora_b.T``, in fp32, then
-  rounded to y's dtype. Rows outside ``rows`` are never loaded or stored.
+  rounded to y's dtype. Rows outside ``rows`` (and -1 padding entries) are never loaded or stored.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def _shrink_kernel(
     split = tl.program_id(1)
     offs_g = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
     offs_r = tl.arange(0, BLOCK_R)
-    row_ids = tl.load(rows + offs_g, mask=offs_g < num_rows, other=0)
+    row_ids = tl.load(rows + offs_g, mask=offs_g < num_rows, other=-1)
+    row_ok = row_ids >= 0  # -1: padding, skipped
     acc = tl.zeros((BLOCK_G, BLOCK_R), tl.float32)
     k_start = split * k_per_split
     for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
@@ -40,7 +41,7 @@ def _shrink_kernel(
         k_ok = (offs_k < d_in) & (offs_k < k_start + k_per_split)
         x_blk = tl.load(
             x + row_ids[:, None] * stride_x + offs_k[None, :],
-            mask=(offs_g[:, None] < num_rows) & k_ok[None, :],
+            mask=row_ok[:, None] & k_ok[None, :],
             other=0.0,
         )
         a_blk = tl.load(
@@ -80,9 +81,9 @@ def _expand_kernel(
         delta = tl.dot(shrunk, b_blk.to(tl.float32), input_precision="ieee")
     else:
         delta = tl.dot(shrunk.to(b_blk.dtype), b_blk)
-    row_ids = tl.load(rows + offs_g, mask=g_ok, other=0)
+    row_ids = tl.load(rows + offs_g, mask=g_ok, other=-1)
     ptrs = y + row_ids[:, None] * stride_y + offs_n[None, :]
-    ok = g_ok[:, None] & (offs_n[None, :] < d_out)
+    ok = (row_ids >= 0)[:, None] & (offs_n[None, :] < d_out)
     base = tl.load(ptrs, mask=ok, other=0.0)
     tl.store(ptrs, (base.to(tl.float32) + scale * delta).to(base.dtype), mask=ok)
 

@@ -105,3 +105,16 @@ def test_autograd_gradcheck_packed() -> None:
             return ops.gated_lora(y.clone(), x, [a0, a1], [b0, b1], rows, 0.3, [3, 4])
 
     assert torch.autograd.gradcheck(fn, (y, x, *a_list, *b_list))
+
+
+def test_autograd_ignores_minus_one_padding_rows() -> None:
+    y0, x0, a0, b0 = _inputs(seed=5)
+    grads = []
+    for rows in (torch.tensor([2, 5]), torch.tensor([-1, 2, -1, 5])):
+        leaves = [t.clone().requires_grad_() for t in (x0, a0, b0)]
+        with ops.use_backend("ref"):
+            out = ops.gated_lora(y0.clone(), *leaves, rows, 0.7)
+        out.square().sum().backward()
+        grads.append([t.grad for t in leaves])
+    for got, want in zip(*grads, strict=True):
+        assert torch.equal(got, want)

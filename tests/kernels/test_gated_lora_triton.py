@@ -124,3 +124,16 @@ def test_kernel_in_place_on_a_tracked_y_keeps_its_gradient_exact() -> None:
         out = ops.gated_lora(leaf * 1.0, x, a_list, b_list, rows, 0.5, [16])
     out.sum().backward()
     assert torch.equal(leaf.grad, torch.ones_like(y))
+
+
+def test_kernel_skips_minus_one_padding_rows_like_the_ref() -> None:
+    """A fixed-size rows tensor padded with -1 (CUDA graphs) adds the delta to the real rows only."""
+    y, x, a_list, b_list, rows = _case(9, 32, [16, 8], [4, 4], 3, torch.float32)
+    padded = torch.cat([rows[:2], torch.full((2,), -1, device=rows.device), rows[2:]])
+    want = gated_lora_ref(y.clone(), x, a_list, b_list, rows, 0.5, [16, 8])
+    assert torch.equal(gated_lora_ref(y.clone(), x, a_list, b_list, padded, 0.5, [16, 8]), want)
+    got = gated_lora_triton(y.clone(), x, a_list, b_list, padded, 0.5, [16, 8])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    ungated = torch.ones(9, dtype=torch.bool, device=y.device)
+    ungated[rows] = False
+    assert torch.equal(got[ungated], y[ungated])
