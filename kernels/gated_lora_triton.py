@@ -20,7 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from idlm_kernels.gated_lora import LoraWeights, lora_slices
-from idlm_kernels.ops import triton_interpreting
+from idlm_kernels.ops import interpreted
 
 
 @triton.jit
@@ -134,7 +134,7 @@ def gated_lora_triton(
     num_rows, d_in = rows.numel(), x.shape[1]
     # fp32 inputs: exact fp32 products (no TF32). The interpreter (triton 3.9) computes bf16
     # tl.dot wrongly, so it also takes the fp32 path there.
-    dot_fp32 = x.dtype == torch.float32 or triton_interpreting()
+    dot_fp32 = x.dtype == torch.float32 or interpreted(_shrink_kernel)
     cfg = _launch_config(num_rows, x.dtype == torch.float32)
     grid_g = triton.cdiv(num_rows, cfg.block_g)
     for s in slices:

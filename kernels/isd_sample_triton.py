@@ -24,7 +24,7 @@ import triton.language as tl
 from torch import Tensor
 
 from idlm_kernels.isd_sample import IsdStep
-from idlm_kernels.ops import triton_interpreting
+from idlm_kernels.ops import interpreted
 from idlm_kernels.topk_topp_search import filter_thresholds, load_scaled, order_key
 
 
@@ -321,7 +321,7 @@ def isd_verify_and_draft_triton(
     scratch = torch.empty(num_rows * max(tuning.cap, 1), dtype=torch.float32, device=device)
     block = min(triton.next_power_of_2(vocab), tuning.block)
     # The interpreter is fastest with the largest tiles.
-    sub = block if triton_interpreting() else min(block, tuning.sub)
+    sub = block if interpreted(_isd_rows_kernel) else min(block, tuning.sub)
     _isd_rows_kernel[(num_rows,)](
         logits, logits.stride(0), noise, noise.stride(0), _ptr(draft_probs), draft_probs.stride(0),
         _ptr(draft_token_ids), _ptr(uniforms),

@@ -1,8 +1,9 @@
 """Kernel tests run compiled on a GPU and under Triton's interpreter elsewhere.
 
-TRITON_INTERPRET must be set before any ``@triton.jit`` function is defined, i.e. before the Triton
-modules are imported, hence here. On a machine where the project is not installed (a bare GPU box),
-``idlm_kernels`` is registered from ``kernels/`` so that ``pytest tests/kernels`` still runs.
+TRITON_INTERPRET must be set before any ``@triton.jit`` function is defined (and stay set while
+interpreted kernels launch), i.e. before the Triton modules are imported, hence here. On a machine
+where the project is not installed (a bare GPU box), ``idlm_kernels`` is registered from
+``kernels/`` so that ``pytest tests/kernels`` still runs.
 """
 
 import importlib.util
