@@ -368,9 +368,10 @@ def main() -> int:
         timing += isd_tuning_sweep(deadline, bandwidth)
         _write_csv(args.out / "timing.csv", timing)
     (args.out / "env.txt").write_text(env + "\n")
-    failed = [r for r in parity if r["result"] == "FAIL"]
-    print(f"parity: {len(parity) - len(failed)}/{len(parity)} not failed; results in {args.out}")
-    return 1 if failed else 0
+    counts = {k: sum(r["result"].startswith(k) for r in parity) for k in ("PASS", "FAIL", "skip")}
+    print(f"parity: {counts['PASS']} passed, {counts['FAIL']} failed, {counts['skip']} skipped "
+          f"(deadline) of {len(parity)}; timing rows: {len(timing)}; results in {args.out}")  # fmt: skip
+    return 1 if counts["FAIL"] else 0
 
 
 if __name__ == "__main__":
