@@ -24,10 +24,11 @@ def demo_models() -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def heldout_prompts(demo_models) -> list[list[int]]:
     """64 prompts of 24 tokens from held-out stdlib files (never trained on)."""
+    from transformers import AutoTokenizer
+
     from idlm_training.config import load_recipe
     from idlm_training.corpus import load_corpus
     from idlm_training.evaluate import make_prompts
-    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(demo_models["idlm"])
     _, heldout = load_corpus(load_recipe(DEMO_PRESET).corpus)

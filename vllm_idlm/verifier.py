@@ -105,7 +105,8 @@ def verify_and_draft(
         rows, n, vocab_size, generators, device, need_noise=not all_greedy
     )
     if all_greedy:
-        noise = torch.ones(sum(rows), vocab_size, dtype=torch.float32, device=device)
+        # Never read on the greedy path: a broadcast view instead of an [R, V] tensor.
+        noise = torch.ones(1, vocab_size, dtype=torch.float32, device=device).expand(sum(rows), -1)
     if draft_probs is None:
         draft_probs = torch.zeros(0, vocab_size, dtype=torch.float32, device=device)
     if top_k is None:
@@ -124,4 +125,5 @@ def verify_and_draft(
         uniforms,
         noise,
         mask_token_id,
+        max_num_draft_tokens=max(n, default=0),  # known here: saves a device sync
     )
