@@ -62,6 +62,7 @@ class CorpusConfig:
     heldout_fraction: float = 0.05
     max_files: int = 0  # 0 = all
     strip_headers: bool = True
+    strip_docs: bool = False  # drop comments and docstrings of .py files
     min_chars: int = 200
     split_seed: int = 0
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import CorpusConfig
+from .python_source import strip_comments_and_docstrings
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ def _read_file(path: Path, cfg: CorpusConfig) -> list[Document]:
             for doc in [_record(path, i, line)]
         ]
     text = strip_header(raw) if cfg.strip_headers else raw
+    if cfg.strip_docs and path.suffix == ".py":
+        text = strip_comments_and_docstrings(text)
     return [Document(name=str(path), text=text)]
 
 

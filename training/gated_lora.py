@@ -12,8 +12,9 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from idlm_kernels.ops import gated_lora
 from torch import nn
+
+from idlm_kernels.ops import gated_lora
 
 from .config import LoraConfig
 

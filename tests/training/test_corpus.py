@@ -51,3 +51,14 @@ def test_batch_indices_cover_epoch_and_are_pure():
     first = [batch_indices(10, 5, s, seed=3).tolist() for s in range(2)]
     assert sorted(first[0] + first[1]) == list(range(10))
     assert batch_indices(10, 5, 1, seed=3).tolist() == first[1]
+
+
+def test_strip_comments_and_docstrings_keeps_code_valid():
+    import ast
+
+    from idlm_training.python_source import strip_comments_and_docstrings
+
+    src = '"""Module doc."""\nimport os  # why\n\n\n\n# note\ndef f(x):\n    """Doc."""\n    return x  # ret\n\n\ndef g():\n    """Only a docstring."""\n'
+    out = strip_comments_and_docstrings(src)
+    assert out == 'import os\n\ndef f(x):\n    return x\n\ndef g():\n    """Only a docstring."""\n'
+    ast.parse(out)
