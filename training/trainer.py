@@ -76,6 +76,16 @@ def _load_ckpt(ckpt_dir: Path, model, opt) -> int:
     return int(state["step"])
 
 
+def _open_log(path: Path, start: int):
+    """Append after a resume, dropping records past the checkpoint (they will be redone)."""
+    kept = []
+    if start and path.is_file():
+        kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= start]
+    log = path.open("w")
+    log.writelines(line + "\n" for line in kept)
+    return log
+
+
 def _autocast(cfg: TrainConfig, device: torch.device):
     if cfg.precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
@@ -98,7 +108,7 @@ def train(
     opt = make_optimizer(model, cfg)
     ckpt_dir = work_dir / "ckpt"
     start = _load_ckpt(ckpt_dir, model, opt)
-    log = (work_dir / "train_log.jsonl").open("a") if dist.is_main else None
+    log = _open_log(work_dir / "train_log.jsonl", start) if dist.is_main else None
     bar = tqdm(
         range(start, cfg.steps),
         desc=desc,
