@@ -9,7 +9,7 @@ from .config import ConvertConfig, LoraConfig, TrainConfig
 from .corpus import Document
 from .curriculum import make_idlm_step
 from .distributed import setup, shard
-from .export import save_gated_lora, save_idlm_checkpoint
+from .export import save_gated_lora, save_idlm_checkpoint, save_tokenizer
 from .gated_lora import attach_gated_lora
 from .modeling import load_base, set_attention
 from .packing import pack_documents
@@ -83,7 +83,7 @@ def train_lora(
             **(recipe or {}),
         }
         save_gated_lora(adapter, out, str(base_path), ccfg.strides, recipe)
-        tokenizer.save_pretrained(out)
+        save_tokenizer(tokenizer, out)
         finish(work)
     return out
 

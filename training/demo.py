@@ -20,6 +20,8 @@ from .convert import convert, train_lora
 from .corpus import load_corpus
 
 STAMP = "idlm_build.json"
+# Bump when a code change alters what a build produces, so cached demo dirs are rebuilt.
+BUILD_VERSION = 2
 
 
 def _hash(*parts) -> str:
@@ -30,7 +32,7 @@ def _hash(*parts) -> str:
 
 
 def stage_hashes(recipe: Recipe) -> dict[str, str]:
-    base = _hash("base", recipe.corpus, recipe.tokenizer, recipe.model, recipe.base)
+    base = _hash("base", BUILD_VERSION, recipe.corpus, recipe.tokenizer, recipe.model, recipe.base)
     return {
         "base": base,
         "idlm": _hash("idlm", base, recipe.convert, recipe.convert_train),

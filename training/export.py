@@ -30,10 +30,23 @@ def _patch_config(out: Path, updates: dict[str, Any]) -> None:
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
+def save_tokenizer(tokenizer, out: Path) -> None:
+    """Save, then make tokenizer_config.json self-contained for older loaders: the chat
+    template inline (transformers 5 also writes chat_template.jinja) and the portable class."""
+    tokenizer.save_pretrained(out)
+    path = out / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    if tokenizer.chat_template:
+        cfg["chat_template"] = tokenizer.chat_template
+    if cfg.get("tokenizer_class") == "TokenizersBackend":
+        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
 def save_base_checkpoint(model, tokenizer, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    save_tokenizer(tokenizer, out)
     _patch_config(out, {"architectures": ["Qwen3ForCausalLM"]})
     return out
 
@@ -48,7 +61,7 @@ def save_idlm_checkpoint(
 ) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    save_tokenizer(tokenizer, out)
     idlm = {
         "mask_token_id": mask_token_id,
         "strides": list(strides),

@@ -33,6 +33,7 @@ def test_idlm_checkpoint_round_trip(tmp_path, tiny_model, tiny_tokenizer, mask_i
         assert torch.equal(loaded(input_ids=ids).logits, tiny_model(input_ids=ids).logits)
     tok = AutoTokenizer.from_pretrained(out)
     assert tok.convert_tokens_to_ids(MASK_TOKEN) == mask_id and tok.eos_token is not None
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"]
     text = tok.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )
