@@ -124,6 +124,8 @@ class IsdRejectionSampler(RejectionSampler):
         """Stack the stored draft probs of this step's real drafts (random requests)."""
         vocab = rows.shape[-1]
         greedy = (temperature < 1e-5).tolist()
+        if all(greedy):
+            return None  # greedy drafts are argmaxes: the verifier needs no probs
         parts = []
         for i, d in enumerate(drafts):
             if not d:
@@ -135,6 +137,7 @@ class IsdRejectionSampler(RejectionSampler):
                         f"idlm: no draft probabilities stored for request {req_ids[i]}; "
                         "refusing to verify sampled drafts without them"
                     )
+                # Rows the verifier ignores (greedy request) or dummy-run filler.
                 probs = torch.full((len(d), vocab), 1.0 / vocab, device=rows.device)
             parts.append(probs[: len(d)])
         if not parts:
