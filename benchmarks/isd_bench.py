@@ -116,6 +116,9 @@ def main() -> None:
     for r in table:
         r["ratio"] = round(r["tok_s"] / plain[r["ref"], r["concurrency"]], 3)
         r["of_ideal"] = round(r["ratio"] / r["tpf"], 3)
+        # Mean time of one engine step (forward + sampling + scheduling); at concurrency c
+        # a step serves up to c requests, so this is approximate for c > 1 (batch tails).
+        r["ms_per_step"] = round(1000 * r["tpf"] * r["concurrency"] / r["tok_s"], 2)
         print(
             f"{r['method']:20s} {r['concurrency']:4d} {r['tpf']:8.2f} {r['accept_per_pos']:>24s} "
             f"{r['cold_start_share']!s:>5.5} {r['tok_s']:8.1f} {r['ratio']:7.2f}x {r['of_ideal']:7.2f}"
