@@ -96,6 +96,7 @@ def main() -> None:
     for name, ref, model, spec, engine in methods(args):
         for conc, r in bench(model, spec, prompts, params, args.concurrency, **engine).items():
             m = r.metrics
+            is_isd = bool(spec) and spec["method"] == "idlm"
             table.append(
                 dict(
                     method=name,
@@ -103,15 +104,19 @@ def main() -> None:
                     concurrency=conc,
                     tok_s=round(r.tokens_per_second, 1),
                     tpf=round(m.tokens_per_forward, 3) if m.num_rounds else 1.0,
-                    accept_per_pos=" ".join(f"{a:.2f}" for a in m.acceptance_per_position),
-                    cold_start_share=round(m.cold_start_share, 3),
+                    # Per-position acceptance and the cold-start share assume K drafts per
+                    # verify round: true for ISD, not for ngram's variable-length drafts.
+                    accept_per_pos=" ".join(f"{a:.2f}" for a in m.acceptance_per_position)
+                    if is_isd
+                    else "-",
+                    cold_start_share=round(m.cold_start_share, 3) if is_isd else "-",
                 )
             )
             print(table[-1], file=sys.stderr, flush=True)
     plain = {(r["method"], r["concurrency"]): r["tok_s"] for r in table if r["method"] == r["ref"]}
     print(
         f"\n{'method':20s} {'conc':>4s} {'tok/fwd':>8s} {'accept/pos':>24s} {'cold':>5s} "
-        f"{'tok/s':>8s} {'vs plain':>8s} {'of ideal':>8s}"
+        f"{'tok/s':>8s} {'vs plain':>8s} {'of ideal':>8s} {'ms/step':>8s}"
     )
     for r in table:
         r["ratio"] = round(r["tok_s"] / plain[r["ref"], r["concurrency"]], 3)
@@ -121,7 +126,8 @@ def main() -> None:
         r["ms_per_step"] = round(1000 * r["tpf"] * r["concurrency"] / r["tok_s"], 2)
         print(
             f"{r['method']:20s} {r['concurrency']:4d} {r['tpf']:8.2f} {r['accept_per_pos']:>24s} "
-            f"{r['cold_start_share']!s:>5.5} {r['tok_s']:8.1f} {r['ratio']:7.2f}x {r['of_ideal']:7.2f}"
+            f"{r['cold_start_share']!s:>5.5} {r['tok_s']:8.1f} {r['ratio']:7.2f}x {r['of_ideal']:7.2f} "
+            f"{r['ms_per_step']:8.2f}"
         )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
