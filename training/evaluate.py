@@ -77,19 +77,28 @@ def heldout_ce(
 
 
 def measure(
-    model, prompts: list[list[int]], mask_id: int, strides: list[int], max_new: int, seed: int
+    model,
+    prompts: list[list[int]],
+    mask_id: int,
+    strides: list[int],
+    max_new: int,
+    seed: int,
+    tokenizer=None,
 ) -> dict[str, Any]:
+    """ISD rows per (N, T); `chars_per_forward` (given a tokenizer) is TPF in characters,
+    comparable across vocabulary sizes."""
     results: dict[str, Any] = {"isd": []}
     plain = [greedy_generate(model, p, max_new, mask_id) for p in prompts]
     for stride in strides:
         for temperature in (0.0, 1.0):
             total = DecodeStats()
-            matches = 0
+            matches, chars = 0, 0
             for i, prompt in enumerate(prompts):
                 out, stats = isd_generate(
                     model, prompt, stride, max_new, mask_id, temperature, seed=seed + i
                 )
                 total.merge(stats)
+                chars += len(tokenizer.decode(out)) if tokenizer is not None else 0
                 matches += int(temperature == 0.0 and out == plain[i])
             row = {
                 "stride": stride,
@@ -97,6 +106,7 @@ def measure(
                 "tokens_per_forward": round(total.tokens_per_forward, 3),
                 "acceptance_by_depth": [round(a, 3) for a in total.acceptance_by_depth],
                 "introspective_acceptance": round(total.introspective_acceptance, 3),
+                "chars_per_forward": round(chars / max(1, total.num_forwards), 2),
                 "forwards": total.num_forwards,
                 "tokens": total.num_tokens,
             }
@@ -107,11 +117,13 @@ def measure(
 
 
 def format_table(results: dict[str, Any]) -> str:
-    lines = [f"{'N':>2} {'T':>3} {'TPF':>6} {'intro':>6}  acceptance by depth   greedy==AR"]
+    lines = [
+        f"{'N':>2} {'T':>3} {'TPF':>6} {'chars/F':>7} {'intro':>6}  acceptance by depth   greedy==AR"
+    ]
     for r in results["isd"]:
         depths = " ".join(f"{a:.2f}" for a in r["acceptance_by_depth"])
         lines.append(
-            f"{r['stride']:>2} {r['temperature']:>3.0f} {r['tokens_per_forward']:>6.3f} {r['introspective_acceptance']:>6.3f}  {depths:<20} {r.get('greedy_matches_plain', '')}"
+            f"{r['stride']:>2} {r['temperature']:>3.0f} {r['tokens_per_forward']:>6.3f} {r['chars_per_forward']:>7.2f} {r['introspective_acceptance']:>6.3f}  {depths:<20} {r.get('greedy_matches_plain', '')}"
         )
     return "\n".join(lines)
 
@@ -131,7 +143,9 @@ def run_eval(args) -> dict[str, Any]:
     results["heldout"] = {
         str(n): heldout_ce(model, tokenizer, heldout, mask_id, n) for n in args.strides
     }
-    results.update(measure(model, prompts, mask_id, args.strides, args.max_new, args.seed))
+    results.update(
+        measure(model, prompts, mask_id, args.strides, args.max_new, args.seed, tokenizer)
+    )
     print(
         f"{args.model}{' + ' + str(args.lora) if args.lora else ''}: {len(prompts)} held-out prompts x {args.max_new} tokens"
     )
