@@ -16,8 +16,11 @@ def demo_models() -> dict[str, Path]:
     """DIR/base, DIR/idlm, DIR/lora of the embedded demo (built once, then cached;
     `make test` builds them before the suite starts)."""
     from idlm_training.config import load_recipe
-    from idlm_training.demo import build_demo
+    from idlm_training.demo import STAMP, build_demo
 
+    paths = {name: DEMO_DIR / name for name in ("base", "idlm", "lora")}
+    if all((p / STAMP).is_file() for p in paths.values()):
+        return paths  # built already (by `make demo-models`, for the recipe it names)
     return build_demo(load_recipe(DEMO_PRESET), DEMO_DIR)
 
 
