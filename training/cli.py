@@ -189,3 +189,7 @@ def _convert_or_lora(recipe: Recipe, args, work: Path) -> None:
         convert(args.base, train_docs, ccfg, tcfg, args.out, work, meta)
     else:
         train_lora(args.base, train_docs, recipe.lora, ccfg, tcfg, args.out, work, meta)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
