@@ -8,7 +8,7 @@ from typing import Any
 from .config import ConvertConfig, LoraConfig, TrainConfig
 from .corpus import Document
 from .curriculum import make_idlm_step
-from .distributed import setup, shard
+from .distributed import full_state_dict, setup, shard
 from .export import save_gated_lora, save_idlm_checkpoint, save_tokenizer
 from .gated_lora import attach_gated_lora
 from .modeling import load_base, set_attention
@@ -49,9 +49,11 @@ def convert(
     step_fn = make_idlm_step(model, ccfg, mask_id, tcfg.seq_len, tcfg.steps, dist.device)
     train(model, data, step_fn, tcfg, work, "convert", dist)
     set_attention(model, "sdpa")
+    full = full_state_dict(model, dist)  # collective under FSDP; None single-process
     if dist.is_main:
         recipe = {"convert": _asdict(ccfg), "train": _asdict(tcfg), **(recipe or {})}
-        save_idlm_checkpoint(model.cpu(), tokenizer, out, mask_id, ccfg.strides, recipe)
+        model = model if full is not None else model.cpu()
+        save_idlm_checkpoint(model, tokenizer, out, mask_id, ccfg.strides, recipe, full)
         finish(work)
     return out
 

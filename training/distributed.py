@@ -72,3 +72,13 @@ def all_reduce_mean(value: float, info: DistInfo) -> float:
     t = torch.tensor([value], device=info.device)
     dist.all_reduce(t)
     return float(t) / info.world_size
+
+
+def full_state_dict(model, info: DistInfo) -> dict | None:
+    """The unsharded state dict on CPU (a collective: every rank calls it); None single-process."""
+    if info.world_size == 1:
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)

@@ -58,9 +58,10 @@ def save_idlm_checkpoint(
     mask_token_id: int,
     strides: tuple[int, ...],
     recipe: dict[str, Any],
+    state_dict: dict | None = None,
 ) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    model.save_pretrained(out, safe_serialization=True, state_dict=state_dict)
     save_tokenizer(tokenizer, out)
     idlm = {
         "mask_token_id": mask_token_id,
