@@ -84,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--strides", nargs="+", type=int)
         p.add_argument("--alpha", type=float)
         p.add_argument("--balance", choices=["fixed", "auto"])
+        p.add_argument(
+            "--distill", type=float, help="share of the MASK loss against the clean rows (0-1)"
+        )
+        p.add_argument(
+            "--rollouts", type=float, help="share of windows that are the base's own continuations"
+        )
     p = sub.add_parser("eval", help="held-out CE and reference-ISD acceptance / tokens per forward")
     p.add_argument(
         "--model",
@@ -171,6 +177,8 @@ def _convert_or_lora(recipe: Recipe, args, work: Path) -> None:
         "strides": tuple(args.strides) if args.strides else None,
         "alpha": args.alpha,
         "balance": args.balance,
+        "distill": args.distill,
+        "rollouts": args.rollouts,
     }
     ccfg = dataclasses.replace(recipe.convert, **{k: v for k, v in keys.items() if v is not None})
     tcfg = _train_overrides(

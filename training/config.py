@@ -120,6 +120,15 @@ class ConvertConfig:
     alpha: float = 0.2
     balance: Literal["fixed", "auto"] = "fixed"
     attention: Literal["auto", "dense", "flex"] = "auto"
+    # Share of the MASK-row loss taken against the model's own clean-row distribution at the
+    # same position (soft targets, teacher detached) instead of the data token; 0 = the paper's.
+    distill: float = 0.0
+    # Share of the training windows that are the base model's own continuations of a corpus
+    # prefix (rollouts.py): they train the MASK rows only, so the drafts learn what this model
+    # writes; the clean rows keep learning from the corpus. 0 = corpus only (the paper's data).
+    rollouts: float = 0.0
+    rollout_greedy: float = 0.5  # share of rollouts decoded greedily, the rest sampled at T = 1
+    rollout_prompt: int = 32  # corpus tokens that start each rollout
 
     def __post_init__(self) -> None:
         _require(len(self.strides) > 0, "strides must not be empty")
@@ -135,6 +144,13 @@ class ConvertConfig:
             )
             _require(all(f > 0 for f in self.stage_fractions), "stage_fractions must be positive")
         _require(self.alpha >= 0, f"alpha={self.alpha} must be >= 0")
+        _require(0 <= self.distill <= 1, f"distill={self.distill} must be in [0, 1]")
+        _require(0 <= self.rollouts <= 1, f"rollouts={self.rollouts} must be in [0, 1]")
+        _require(
+            0 <= self.rollout_greedy <= 1,
+            f"rollout_greedy={self.rollout_greedy} must be in [0, 1]",
+        )
+        _require(self.rollout_prompt >= 1, f"rollout_prompt={self.rollout_prompt} must be >= 1")
         _require(
             self.balance in ("fixed", "auto"), f"balance={self.balance!r} must be 'fixed' or 'auto'"
         )
@@ -153,6 +169,10 @@ class ConvertConfig:
         _require(
             seq_len > longest,
             f"seq_len={seq_len} is shorter than a block of {longest} MASKs (+1 clean token) for stride {max(self.strides)}",
+        )
+        _require(
+            not self.rollouts or self.rollout_prompt < seq_len,
+            f"rollout_prompt={self.rollout_prompt} leaves nothing to generate in seq_len={seq_len}",
         )
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from .config import ConvertConfig, LoraConfig, TrainConfig
 from .corpus import Document
@@ -12,7 +15,8 @@ from .distributed import full_state_dict, setup, shard
 from .export import save_gated_lora, save_idlm_checkpoint, save_tokenizer
 from .gated_lora import attach_gated_lora
 from .modeling import load_base, set_attention
-from .packing import pack_documents
+from .packing import PackedData, pack_documents
+from .rollouts import mix_in_rollouts
 from .tokenizer import apply_mask_plan, ensure_mask_token
 from .trainer import finish, train
 
@@ -24,6 +28,29 @@ def _prepare(base_path: Path, ccfg: ConvertConfig, tcfg: TrainConfig):
     plan = ensure_mask_token(tokenizer, model.get_input_embeddings().weight.shape[0])
     apply_mask_plan(model, plan)
     return model, tokenizer, plan.mask_token_id
+
+
+def _training_data(model, tokenizer, docs, ccfg, tcfg, mask_id, dist) -> PackedData:
+    """Corpus windows, with `ccfg.rollouts` of the drawn windows replaced by the model's own."""
+    data = pack_documents(tokenizer, docs, tcfg.seq_len, tcfg.max_tokens)
+    if not ccfg.rollouts:
+        return data
+    t0 = time.time()
+    draws = tcfg.steps * tcfg.batch_size * tcfg.grad_accum * dist.world_size
+    mixed = mix_in_rollouts(
+        model.to(dist.device),
+        data,
+        ccfg.rollouts,
+        ccfg.rollout_greedy,
+        ccfg.rollout_prompt,
+        draws,
+        mask_id,
+        tcfg.seed,
+    )
+    if dist.is_main:
+        count = int((~mixed.clean_rows(torch.arange(len(mixed)))).sum())
+        print(f"rollouts: {count} windows of {tcfg.seq_len} in {time.time() - t0:.0f}s", flush=True)
+    return mixed
 
 
 def _attn_for(ccfg: ConvertConfig, device) -> str:
@@ -43,7 +70,7 @@ def convert(
     """Full fine-tune of the base with the I-DLM objective; exports an I-DLM checkpoint."""
     dist = setup()
     model, tokenizer, mask_id = _prepare(base_path, ccfg, tcfg)
-    data = pack_documents(tokenizer, train_docs, tcfg.seq_len, tcfg.max_tokens)
+    data = _training_data(model, tokenizer, train_docs, ccfg, tcfg, mask_id, dist)
     model = shard(model.to(dist.device), dist, bf16=tcfg.precision == "bf16")
     set_attention(model, _attn_for(ccfg, dist.device))
     step_fn = make_idlm_step(model, ccfg, mask_id, tcfg.seq_len, tcfg.steps, dist.device)
@@ -71,7 +98,7 @@ def train_lora(
     """Gated LoRA over the frozen base, MASK-row loss only; exports PEFT files + gate metadata."""
     dist = setup()
     model, tokenizer, mask_id = _prepare(base_path, ccfg, tcfg)
-    data = pack_documents(tokenizer, train_docs, tcfg.seq_len, tcfg.max_tokens)
+    data = _training_data(model, tokenizer, train_docs, ccfg, tcfg, mask_id, dist)
     adapter = attach_gated_lora(model, lcfg, mask_id)
     model.to(dist.device)
     step_fn = make_idlm_step(model, ccfg, mask_id, tcfg.seq_len, tcfg.steps, dist.device, alpha=0.0)

@@ -55,13 +55,15 @@ def make_idlm_step(
     masks: dict[int, object] = {}
     _, head = trunk_and_head(model)
 
-    def step_fn(step: int, input_ids: torch.Tensor, loss_mask: torch.Tensor):
+    def step_fn(
+        step: int, input_ids: torch.Tensor, loss_mask: torch.Tensor, clean_loss: torch.Tensor
+    ):
         stride = stride_at(step, cfg, total_steps)
         if stride not in masks:
             masks[stride] = build_mask(seq_len, stride - 1, kind, device)
-        batch = build_idlm_batch(input_ids, loss_mask, mask_token_id)
+        batch = build_idlm_batch(input_ids, loss_mask, mask_token_id, clean_loss)
         hidden = hidden_states(model, batch.input_ids, batch.position_ids, masks[stride])
-        parts = idlm_loss(hidden, head, batch, alpha, cfg.balance)
+        parts = idlm_loss(hidden, head, batch, alpha, cfg.balance, cfg.distill)
         metrics = {
             "loss": float(parts.total.detach()),
             "mask_ce": float(parts.mask_ce),

@@ -31,9 +31,15 @@ def shifted_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Te
 
 
 def build_idlm_batch(
-    input_ids: torch.Tensor, loss_mask: torch.Tensor, mask_token_id: int
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    mask_token_id: int,
+    clean_loss: torch.Tensor | None = None,
 ) -> IdlmBatch:
-    """All-masked x_t: every response token becomes MASK; prompt tokens stay clean."""
+    """All-masked x_t: every response token becomes MASK; prompt tokens stay clean.
+
+    `clean_loss` [B] bool: windows where it is False get no clean-row labels (MASK rows only).
+    """
     seq_len = input_ids.shape[1]
     x_t = torch.where(loss_mask, torch.full_like(input_ids, mask_token_id), input_ids)
     labels = shifted_labels(input_ids, loss_mask)
@@ -43,6 +49,8 @@ def build_idlm_batch(
         .repeat(2)[None]
         .expand(input_ids.shape[0], -1)
     )
+    if clean_loss is not None:
+        labels = torch.where(clean_loss[:, None], labels, torch.full_like(labels, IGNORE))
     return IdlmBatch(torch.cat([x_t, input_ids], dim=1), pos.contiguous(), mask_labels, labels)
 
 
@@ -62,23 +70,55 @@ def _ce(hidden: torch.Tensor, lm_head, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels.reshape(-1)[sel])
 
 
-def idlm_loss(
-    hidden: torch.Tensor, lm_head, batch: IdlmBatch, alpha: float, balance: str
-) -> LossParts:
-    """mask_ce + w x clean_ce; w = alpha ("fixed") or alpha x mask_ce / clean_ce, detached ("auto").
+def _mask_term(
+    hidden: torch.Tensor, lm_head, batch: IdlmBatch, distill: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, data CE) of the MASK rows; loss = (1 - distill) x data CE + distill x soft CE.
 
-    "auto" rescales the clean term to the MASK term's magnitude, so alpha is a ratio of the two.
+    The soft target of MASK row i is the clean row i's own next-token distribution (detached):
+    the distribution the verifier will hold the draft to, seen with the true prefix.
     """
     seq_len = batch.mask_labels.shape[1]
-    mask_ce = _ce(hidden[:, :seq_len], lm_head, batch.mask_labels)
+    if distill == 0:
+        ce = _ce(hidden[:, :seq_len], lm_head, batch.mask_labels)
+        return ce, ce.detach()
+    width = hidden.shape[-1]
+    sel = batch.mask_labels.reshape(-1) != IGNORE
+    if not bool(sel.any()):
+        zero = hidden.sum() * 0.0
+        return zero, zero.detach()
+    student = lm_head(hidden[:, :seq_len].reshape(-1, width)[sel]).float()
+    with torch.no_grad():
+        teacher = lm_head(hidden[:, seq_len:].reshape(-1, width)[sel]).float().softmax(-1)
+    logq = student.log_softmax(-1)
+    data_ce = F.nll_loss(logq, batch.mask_labels.reshape(-1)[sel])
+    soft_ce = -(teacher * logq).sum(-1).mean()
+    return (1 - distill) * data_ce + distill * soft_ce, data_ce.detach()
+
+
+def idlm_loss(
+    hidden: torch.Tensor,
+    lm_head,
+    batch: IdlmBatch,
+    alpha: float,
+    balance: str,
+    distill: float = 0.0,
+) -> LossParts:
+    """mask term + w x clean_ce; w = alpha ("fixed") or alpha x mask_ce / clean_ce, detached ("auto").
+
+    "auto" rescales the clean term to the MASK term's magnitude, so alpha is a ratio of the two.
+    The mask term is the data CE, or with `distill` > 0 partly a soft CE against the clean rows
+    (see `_mask_term`); `LossParts.mask_ce` always reports the data CE.
+    """
+    seq_len = batch.mask_labels.shape[1]
+    mask_term, mask_ce = _mask_term(hidden, lm_head, batch, distill)
     if alpha == 0:
-        zero = mask_ce.detach() * 0
-        return LossParts(mask_ce, mask_ce.detach(), zero)
+        return LossParts(mask_term, mask_ce, mask_ce * 0)
     clean_ce = _ce(hidden[:, seq_len:], lm_head, batch.clean_labels)
     weight = alpha
     if balance == "auto":
-        weight = alpha * (mask_ce.detach() / clean_ce.detach().clamp_min(1e-6))
-    return LossParts(mask_ce + weight * clean_ce, mask_ce.detach(), clean_ce.detach())
+        weight = alpha * (mask_term.detach() / clean_ce.detach().clamp_min(1e-6))
+    return LossParts(mask_term + weight * clean_ce, mask_ce, clean_ce.detach())
 
 
 def ar_loss(

@@ -17,9 +17,18 @@ from .corpus import Document
 class PackedData:
     input_ids: torch.Tensor  # [num_windows, seq_len] int64
     loss_mask: torch.Tensor  # [num_windows, seq_len] bool
+    # [num_windows] bool; False = the window trains MASK rows only, never the clean (AR) rows
+    # (the model's own rollouts: see rollouts.py). None = every window trains both.
+    clean_loss: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    def clean_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """Per-window clean-loss flags of the windows `idx`."""
+        if self.clean_loss is None:
+            return torch.ones(idx.shape[0], dtype=torch.bool)
+        return self.clean_loss[idx]
 
     @property
     def num_tokens(self) -> int:

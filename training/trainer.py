@@ -22,8 +22,11 @@ from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_mean
 from .packing import PackedData, batch_indices
 
-# step_fn(step, input_ids, loss_mask) -> (loss to backprop, metrics to log)
-StepFn = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+# step_fn(step, input_ids, loss_mask, clean_loss) -> (loss to backprop, metrics to log);
+# clean_loss [B] bool: may the window's clean (AR) rows carry a loss (PackedData.clean_loss)
+StepFn = Callable[
+    [int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, float]]
+]
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -148,8 +151,9 @@ def _one_step(model, data, step_fn, cfg, step, opt, dist) -> dict[str, float]:
         idx = batch_indices(len(data), cfg.batch_size, draw, cfg.seed)
         ids = data.input_ids[idx].to(dist.device)
         mask = data.loss_mask[idx].to(dist.device)
+        clean = data.clean_rows(idx).to(dist.device)
         with _autocast(cfg, dist.device):
-            loss, metrics = step_fn(step, ids, mask)
+            loss, metrics = step_fn(step, ids, mask, clean)
         (loss / cfg.grad_accum).backward()
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + v / cfg.grad_accum
