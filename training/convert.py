@@ -6,8 +6,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .config import ConvertConfig, LoraConfig, TrainConfig
 from .corpus import Document
 from .curriculum import make_idlm_step
@@ -48,7 +46,7 @@ def _training_data(model, tokenizer, docs, ccfg, tcfg, mask_id, dist) -> PackedD
         tcfg.seed,
     )
     if dist.is_main:
-        count = int((~mixed.clean_rows(torch.arange(len(mixed)))).sum())
+        count = int((~mixed.clean_loss).sum()) if mixed.clean_loss is not None else 0
         print(f"rollouts: {count} windows of {tcfg.seq_len} in {time.time() - t0:.0f}s", flush=True)
     return mixed
 

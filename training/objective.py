@@ -61,13 +61,20 @@ class LossParts:
     clean_ce: torch.Tensor
 
 
+def _labelled_rows(
+    hidden: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(hidden rows that carry a label, their labels, the flat row selection)."""
+    sel = labels.reshape(-1) != IGNORE
+    return hidden.reshape(-1, hidden.shape[-1])[sel], labels.reshape(-1)[sel], sel
+
+
 def _ce(hidden: torch.Tensor, lm_head, labels: torch.Tensor) -> torch.Tensor:
     """CE over labelled rows only: the lm_head runs on those rows, never on all 2L x V."""
-    sel = labels.reshape(-1) != IGNORE
-    if not bool(sel.any()):
+    rows, targets, _ = _labelled_rows(hidden, labels)
+    if targets.numel() == 0:
         return hidden.sum() * 0.0
-    logits = lm_head(hidden.reshape(-1, hidden.shape[-1])[sel]).float()
-    return F.cross_entropy(logits, labels.reshape(-1)[sel])
+    return F.cross_entropy(lm_head(rows).float(), targets)
 
 
 def _mask_term(
@@ -82,16 +89,15 @@ def _mask_term(
     if distill == 0:
         ce = _ce(hidden[:, :seq_len], lm_head, batch.mask_labels)
         return ce, ce.detach()
-    width = hidden.shape[-1]
-    sel = batch.mask_labels.reshape(-1) != IGNORE
-    if not bool(sel.any()):
+    rows, targets, sel = _labelled_rows(hidden[:, :seq_len], batch.mask_labels)
+    if targets.numel() == 0:
         zero = hidden.sum() * 0.0
         return zero, zero.detach()
-    student = lm_head(hidden[:, :seq_len].reshape(-1, width)[sel]).float()
     with torch.no_grad():
-        teacher = lm_head(hidden[:, seq_len:].reshape(-1, width)[sel]).float().softmax(-1)
-    logq = student.log_softmax(-1)
-    data_ce = F.nll_loss(logq, batch.mask_labels.reshape(-1)[sel])
+        clean_rows = hidden[:, seq_len:].reshape(-1, hidden.shape[-1])[sel]
+        teacher = lm_head(clean_rows).float().softmax(-1)
+    logq = lm_head(rows).float().log_softmax(-1)
+    data_ce = F.nll_loss(logq, targets)
     soft_ce = -(teacher * logq).sum(-1).mean()
     return (1 - distill) * data_ce + distill * soft_ce, data_ce.detach()
 

@@ -24,7 +24,7 @@ def _docstring_lines(tree: ast.AST) -> set[int]:
                 and isinstance(body[0].value.value, str)
             ):
                 doc = body[0]
-                if len(body) == 1:  # keep the block valid: the docstring becomes `pass`
+                if len(body) == 1:  # keep the block valid: a lone docstring stays
                     continue
                 lines.update(range(doc.lineno, (doc.end_lineno or doc.lineno) + 1))
     return lines
@@ -38,7 +38,7 @@ def _comment_cuts(text: str) -> dict[int, int]:
             if tok.type == tokenize.COMMENT:
                 cuts[tok.start[0]] = tok.start[1]
     except (tokenize.TokenError, SyntaxError):
-        pass
+        pass  # an untokenizable tail: keep the comments found before it
     return cuts
 
 
