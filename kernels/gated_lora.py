@@ -113,20 +113,23 @@ class GatedLoraFunction(torch.autograd.Function):
         x, rows, *weights = ctx.saved_tensors
         rows = rows[rows >= 0]
         scale, offsets = ctx.scale, _offsets(ctx.output_slices)
-        x_rows = x[rows]
+        # Under autocast x (and grad_y) may be bf16 while the weights stay fp32, and backward
+        # runs outside autocast: compute in the wider type, return each grad in its input's.
+        dtype = torch.promote_types(x.dtype, weights[0].dtype)
+        x_rows = x[rows].to(dtype)
         grad_x_rows = torch.zeros_like(x_rows)
         grad_weights: list[Tensor | None] = []
         for i, size in enumerate(ctx.output_slices):
-            a, b = weights[2 * i], weights[2 * i + 1]
-            grad_rows = grad_y[rows, offsets[i] : offsets[i] + size].to(x.dtype)
+            a, b = weights[2 * i].to(dtype), weights[2 * i + 1].to(dtype)
+            grad_rows = grad_y[rows, offsets[i] : offsets[i] + size].to(dtype)
             shrunk = x_rows @ a.T
             grad_shrunk = (grad_rows @ b) * scale
             grad_x_rows += grad_shrunk @ a
-            grad_weights.append(grad_shrunk.T @ x_rows)
-            grad_weights.append((grad_rows.T @ shrunk) * scale)
+            grad_weights.append((grad_shrunk.T @ x_rows).to(weights[2 * i].dtype))
+            grad_weights.append(((grad_rows.T @ shrunk) * scale).to(weights[2 * i + 1].dtype))
         grad_x = None
         if ctx.needs_input_grad[1]:
-            grad_x = torch.zeros_like(x).index_add_(0, rows, grad_x_rows)
+            grad_x = torch.zeros_like(x).index_add_(0, rows, grad_x_rows.to(x.dtype))
         return (grad_y, grad_x, None, None, None, None, *grad_weights)
 
 

@@ -170,6 +170,20 @@ def _check_inputs(
         raise ValueError(f"uniforms {tuple(uniforms.shape)} / noise {tuple(noise.shape)} mis-sized")
 
 
+def check_draft_probs(draft_probs: Tensor, num_draft_tokens: Tensor, temperature: Tensor) -> None:
+    """Refuse to verify sampled drafts without their draft probs (both backends).
+
+    An empty ``draft_probs`` is allowed only when every request with drafts is greedy (greedy
+    drafts are argmaxes, verified by equality). Checked only when ``draft_probs`` is empty, so
+    the device sync it costs never touches a batch that carries probs.
+    """
+    if draft_probs.shape[0] or not bool((num_draft_tokens > 0).any()):
+        return
+    random_with_drafts = (num_draft_tokens > 0) & (temperature >= _SAMPLING_EPS)
+    if bool(random_with_drafts.any()):
+        raise ValueError("draft_probs is empty but a random request has drafts")
+
+
 def isd_verify_and_draft_ref(
     logits: Tensor,
     draft_token_ids: Tensor,
@@ -191,6 +205,7 @@ def isd_verify_and_draft_ref(
     _check_inputs(
         logits, draft_token_ids, draft_probs, num_draft_tokens, num_mask_tokens, uniforms, noise
     )
+    check_draft_probs(draft_probs, num_draft_tokens, temperature)
     num_rows, vocab = logits.shape
     layout = row_layout(num_draft_tokens, num_mask_tokens, num_rows)
     greedy = temperature < _SAMPLING_EPS
@@ -248,8 +263,6 @@ def _verify_drafts(
     target_argmax = argmax_ids[draft_rows]
     accepted_greedy = draft_token_ids == target_argmax
     if draft_probs.shape[0] != num_drafts:  # all-greedy batch: no draft probs were kept
-        if not bool(greedy.all()):
-            raise ValueError("draft_probs is empty but a random request has drafts")
         return accepted_greedy, target_argmax
     target = probs[draft_rows]
     ids = draft_token_ids[:, None]

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from idlm_kernels.isd_sample import IsdStep
+from idlm_kernels.isd_sample import IsdStep, check_draft_probs
 from idlm_kernels.ops import interpreted
 from idlm_kernels.topk_topp_search import filter_thresholds, load_scaled, order_key
 
@@ -292,10 +292,10 @@ def isd_verify_and_draft_triton(
 
     ``tuning`` (keyword only) overrides the launch parameters (the GPU benchmark sweeps them).
 
-    Unlike the ref, an empty ``draft_probs`` is not checked against the requests' temperatures
-    (that would sync): random requests' drafts then count as having zero draft prob (rejected).
+    Like the ref, it refuses an empty ``draft_probs`` when a random request has drafts.
     """
     _check_inputs(logits, draft_token_ids, draft_probs, uniforms, noise, mask_token_id)
+    check_draft_probs(draft_probs, num_draft_tokens, temperature)
     device = logits.device
     num_rows, vocab = logits.shape
     num_reqs, num_drafts = num_draft_tokens.shape[0], draft_token_ids.shape[0]

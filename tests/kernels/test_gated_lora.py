@@ -118,3 +118,25 @@ def test_autograd_ignores_minus_one_padding_rows() -> None:
         grads.append([t.grad for t in leaves])
     for got, want in zip(*grads, strict=True):
         assert torch.equal(got, want)
+
+
+def test_autograd_under_bf16_autocast_keeps_each_grad_in_its_dtype() -> None:
+    """Regression: training under CPU bf16 autocast (bf16 activations, fp32 LoRA weights) failed
+    in backward with "expected m1 and m2 to have the same dtype" (backward runs outside
+    autocast). The gradients must match an fp32 computation on the same bf16 inputs."""
+    y0, x0, a0, b0 = _inputs(tokens=9, seed=6)
+    rows = torch.tensor([1, 3, 8])
+    x = x0.bfloat16().requires_grad_()
+    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    with ops.use_backend("ref"), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ops.gated_lora(y0.bfloat16(), x, a, b, rows, 0.5)
+    out.float().sum().backward()
+    assert x.grad.dtype == torch.bfloat16 and a.grad.dtype == b.grad.dtype == torch.float32
+
+    xf, af, bf = (t.detach().float().requires_grad_() for t in (x, a0, b0))
+    with ops.use_backend("ref"):
+        ops.gated_lora(y0.clone(), xf, af, bf, rows, 0.5).sum().backward()
+    # bf16 matmuls in the forward: agreement to bf16 precision
+    torch.testing.assert_close(a.grad, af.grad, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(b.grad, bf.grad, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(x.grad.float(), xf.grad, rtol=2e-2, atol=2e-2)

@@ -132,3 +132,16 @@ def test_all_greedy_batch_accepts_a_broadcast_noise_view() -> None:
     batch = make_isd_batch(3, 100, 2, 2, mode="greedy", seed=17, device=DEVICE)
     batch.noise = torch.ones(1, 100, device=DEVICE).expand(batch.logits.shape[0], 100)
     _check(batch)
+
+
+@pytest.mark.parametrize("impl", [isd_verify_and_draft_ref, isd_verify_and_draft_triton])
+def test_both_backends_refuse_sampled_drafts_without_draft_probs(impl) -> None:
+    """Regression: the Triton path used to treat missing draft probs as zeros and reject
+    every sampled draft silently; it now refuses, exactly like the reference."""
+    batch = make_isd_batch(3, 100, [2, 0, 1], 2, mode="mixed", seed=11, device=DEVICE)
+    batch.temperature = torch.tensor([0.0, 0.0, 0.9], device=DEVICE)
+    batch.draft_probs = batch.draft_probs[:0]
+    with pytest.raises(ValueError, match="draft_probs is empty but a random request has drafts"):
+        impl(*batch.args())
+    batch.temperature = torch.tensor([0.0, 0.9, 0.0], device=DEVICE)  # random, but no drafts
+    impl(*batch.args())
