@@ -15,9 +15,29 @@ from typing import Any
 METHOD = "idlm"
 ADDITIONAL_CONFIG_KEY = "idlm"
 MASK_TOKEN = "<|mask|>"
+# model_type of a checkpoint -> the plugin's architecture that serves it as an I-DLM.
+ARCHITECTURES = {
+    "qwen3": "IdlmForCausalLM",
+    "sdar": "IdlmForCausalLM",  # the published I-DLM layout (Qwen3 weights)
+    "llama": "IdlmLlamaForCausalLM",
+}
+
+
+def architecture_for(model_type: str | None) -> str:
+    """The architecture name that serves a checkpoint of `model_type` as an I-DLM."""
+    if model_type not in ARCHITECTURES:
+        raise ValueError(
+            f"idlm: model_type {model_type!r} cannot be served as an I-DLM; "
+            f"supported: {sorted(ARCHITECTURES)}"
+        )
+    return ARCHITECTURES[model_type]
+
+
 # Keys of vLLM's own speculative config that keep their meaning under ISD.
 _PASSTHROUGH_KEYS = frozenset({"disable_by_batch_size", "max_model_len"})
-_ISD_KEYS = frozenset({"method", "num_speculative_tokens", "draft_lora", "uniform_query_len"})
+_ISD_KEYS = frozenset(
+    {"method", "num_speculative_tokens", "draft_lora", "uniform_query_len", "adaptive"}
+)
 
 
 @dataclass(frozen=True)
@@ -29,6 +49,10 @@ class IsdOptions:
     draft_lora: path of a gated-LoRA adapter (lossless mode) or None.
     uniform_query_len: pad cold starts with extra MASK slots so that every decode step
         has the same query length (1 + 2K), which full CUDA graphs need.
+    adaptive: choose each request's stride per step (0..K drafts, 0..K MASK slots, only
+        strides the checkpoint was trained for) for the most expected tokens per second of
+        the batch (`vllm_idlm.adaptive`); False (the default) keeps K fixed.
+    strides: the K values the checkpoint was trained for (resolved at startup).
     mask_token_id: resolved from the checkpoint (or the adapter) at startup.
     passthrough: vLLM speculative-config keys forwarded unchanged.
     """
@@ -36,7 +60,9 @@ class IsdOptions:
     num_drafts: int
     draft_lora: str | None = None
     uniform_query_len: bool = False
+    adaptive: bool = False
     mask_token_id: int | None = None
+    strides: tuple[int, ...] = ()
     passthrough: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -47,6 +73,13 @@ class IsdOptions:
         if self.num_drafts < 1:
             raise ValueError(
                 f"idlm: num_speculative_tokens must be >= 1 (K drafts per step), got {self.num_drafts}"
+            )
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"idlm: adaptive must be true or false, got {self.adaptive!r}")
+        if self.adaptive and self.uniform_query_len:
+            raise ValueError(
+                "idlm: adaptive strides vary the query length per request; they cannot be "
+                'combined with uniform_query_len (set "adaptive": false)'
             )
         if self.draft_lora is not None and not os.path.isdir(self.draft_lora):
             raise ValueError(f"idlm: draft_lora {self.draft_lora!r} is not a directory")
@@ -71,6 +104,7 @@ class IsdOptions:
             num_drafts=spec["num_speculative_tokens"],
             draft_lora=spec.get("draft_lora"),
             uniform_query_len=bool(spec.get("uniform_query_len", False)),
+            adaptive=spec.get("adaptive", False),
             passthrough={k: spec[k] for k in _PASSTHROUGH_KEYS if k in spec},
         )
 
@@ -79,11 +113,18 @@ class IsdOptions:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> IsdOptions:
+        data = dict(data)
+        data["strides"] = tuple(data.get("strides", ()))
         return cls(**data)
 
-    def with_mask_token_id(self, mask_token_id: int) -> IsdOptions:
+    def resolved(self, mask_token_id: int, trained_strides: tuple[int, ...]) -> IsdOptions:
+        """With the checkpoint's MASK id and the K values a request may use: the strides
+        N it was trained for, as K = N - 1 up to num_speculative_tokens (all of 1..K when
+        the checkpoint does not say)."""
+        ks = sorted({n - 1 for n in trained_strides if 1 <= n - 1 <= self.num_drafts})
         data = self.to_dict()
         data["mask_token_id"] = int(mask_token_id)
+        data["strides"] = tuple(ks or range(1, self.num_drafts + 1))
         return IsdOptions.from_dict(data)
 
 

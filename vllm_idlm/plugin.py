@@ -29,8 +29,12 @@ def register() -> None:
     check_vllm_version(vllm.__version__)
     from vllm_idlm.engine import args, cpu_fixes, hf_config, inputs, lazy, metrics
 
-    for arch in ("IdlmForCausalLM", "SDARForCausalLM"):
-        ModelRegistry.register_model(arch, "vllm_idlm.engine.model:IdlmForCausalLM")
+    for arch, cls in (
+        ("IdlmForCausalLM", "IdlmForCausalLM"),
+        ("SDARForCausalLM", "IdlmForCausalLM"),
+        ("IdlmLlamaForCausalLM", "IdlmLlamaForCausalLM"),
+    ):
+        ModelRegistry.register_model(arch, f"vllm_idlm.engine.model:{cls}")
     hf_config.install()
     args.install()
     inputs.install()
@@ -41,6 +45,11 @@ def register() -> None:
 
 
 def _install_runner_hooks() -> None:
-    from vllm_idlm.engine import runner
+    from vllm.platforms import current_platform
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_idlm.engine import cpu_fixes, runner
 
     runner.install()
+    if current_platform.is_cpu():
+        cpu_fixes.install_generator_rewind(GPUModelRunner)

@@ -83,12 +83,14 @@ def verify_and_draft(
     top_p: torch.Tensor | None,
     generators: dict[int, torch.Generator] | None,
     mask_token_id: int,
+    all_greedy: bool | None = None,
 ) -> IsdStep:
     """One ISD step for a batch laid out as described in the module docstring.
 
     temperature: [B] fp32, 0 (or < 1e-5) means greedy. top_k: [B] (0 = off) or None.
     top_p: [B] (1 = off) or None. draft_probs: [num drafts, V] fp32 (rows of greedy
-    requests are ignored) or None when every request is greedy.
+    requests are ignored) or None when every request is greedy. all_greedy: whether every
+    request is greedy, when the caller knows it on the host (saves a device sync).
     """
     device = logits.device
     num_requests = temperature.shape[0]
@@ -100,7 +102,8 @@ def verify_and_draft(
             f"verify_and_draft: layout needs {sum(rows)} logits rows, got {logits.shape[0]}"
         )
     vocab_size = logits.shape[-1]
-    all_greedy = bool((temperature < 1e-5).all())
+    if all_greedy is None:
+        all_greedy = bool((temperature < 1e-5).all())
     uniforms, noise = draw_randomness(
         rows, n, vocab_size, generators, device, need_noise=not all_greedy
     )

@@ -83,3 +83,19 @@ def test_vllm_ngram_at_positive_temperature_with_top_k_runs(demo_models, llm_fac
             ["for i in range(10):\n    for i in range(10):\n"] * 4, params, use_tqdm=False
         )
     assert all(len(o.outputs[0].token_ids) > 0 for o in outputs)
+
+
+def test_a_seeded_request_in_chunked_prefill_keeps_the_engine_alive_and_reproducible(
+    demo_models, llm_factory, heldout_prompts, as_prompts
+):
+    """Bug 4: a seeded request whose prompt is prefilled in chunks (its sampled tokens
+    discarded) had its generator rewound with CUDA-only offsets: on CPU, "CPU Generator does
+    not use offset" killed the engine, with or without speculative decoding. The rewind is
+    now a saved-and-restored generator state, so the request is reproducible too."""
+    prompts = as_prompts([sum(heldout_prompts[:6], [])] * 2)  # 144 tokens, budget 64
+    params = SamplingParams(temperature=1.0, seed=7, max_tokens=16, ignore_eos=True)
+    with llm_factory(demo_models["idlm"], max_num_batched_tokens=64, max_num_seqs=4) as llm:
+        alone = llm.generate(prompts[:1], params, use_tqdm=False)[0].outputs[0].token_ids
+        assert llm.reset_prefix_cache()
+        again = llm.generate(prompts[:1], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert alone == again and len(alone) == 16

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import torch
+
 from vllm_idlm.config import IsdOptions
 from vllm_idlm.engine.proposer import IsdProposer
-from vllm_idlm.engine.state import StepDrafts
+from vllm_idlm.engine.state import StoredDrafts
 
 MASK = 99
 
@@ -26,25 +28,35 @@ def proposer(k=3, uniform=False):
 
 def test_full_accept_gives_drafts_then_masks_and_rejection_a_cold_start():
     p = proposer()
-    p.state.last_step = StepDrafts(["a", "b", "c", "d"], [[5, 6, 7], None, [1, 2, 3], [4]])
+    p.state.pending = {"a": [5, 6, 7], "c": [1, 2, 3], "d": [4]}
     out = p.propose([[10], [11], [], [12]])
     assert out == [
         [5, 6, 7, MASK, MASK, MASK],  # all drafts passed: next drafts + K MASKs
-        [MASK, MASK, MASK],  # a draft was rejected: cold start
+        [MASK, MASK, MASK],  # a draft was rejected (nothing pending): cold start
         [],  # nothing sampled (prefill chunk / discarded): no drafts
-        [MASK, MASK, MASK],  # fewer than K next drafts: cold start
+        [4, MASK, MASK, MASK],  # vLLM trimmed the MASK slots: the drafts that exist
     ]
-    assert p.state.last_step is None
+    assert not p.state.pending
 
 
-def test_uniform_query_len_pads_cold_starts_to_2k_slots():
+def test_uniform_query_len_pads_every_step_to_2k_slots():
     p = proposer(k=2, uniform=True)
-    p.state.last_step = StepDrafts(["a", "b", "c", "d"], [[5, 6], None, None, None])
+    p.state.pending = {"a": [5, 6], "b": [7]}
     out = p.propose([[1], [2], [3], [4]])
-    assert [len(x) for x in out] == [4, 4, 4, 4]
-    assert out[0] == [5, 6, MASK, MASK] and out[1] == [MASK] * 4
+    assert out == [[5, 6, MASK, MASK], [7, MASK, MASK, MASK], [MASK] * 4, [MASK] * 4]
 
 
-def test_no_sampled_step_means_cold_starts_for_everyone():
+def test_stored_probs_of_requests_without_drafts_are_freed():
     p = proposer(k=1)
-    assert p.propose([[1], [2], [3], [4]]) == [[MASK]] * 4
+    probs = torch.ones(1, 8)
+    p.state.draft_probs = {r: StoredDrafts((3,), probs) for r in "abcd"}
+    p.state.pending = {"a": [3]}
+    assert p.propose([[1], [2], [], [4]]) == [[3, MASK], [MASK], [], [MASK]]
+    assert set(p.state.draft_probs) == {"a"}
+
+
+def test_stored_drafts_pair_probs_only_with_a_prefix_of_their_own_drafts():
+    stored = StoredDrafts((5, 6, 7), torch.arange(3.0)[:, None])
+    assert torch.equal(stored.matching((5, 6)), torch.tensor([[0.0], [1.0]]))
+    assert stored.matching((5, 8)) is None
+    assert stored.matching((6,)) is None

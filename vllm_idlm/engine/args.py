@@ -17,8 +17,10 @@ from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
 
 from vllm_idlm.config import (
     ADDITIONAL_CONFIG_KEY,
+    ARCHITECTURES,
     METHOD,
     IsdOptions,
+    architecture_for,
     read_adapter_facts,
     read_checkpoint_facts,
 )
@@ -26,7 +28,21 @@ from vllm_idlm.config import (
 logger = logging.getLogger("vllm_idlm")
 PROPOSER_CLASS = "vllm_idlm.engine.proposer.IsdProposer"
 SCHEDULER_CLASS = "vllm_idlm.engine.scheduler.IsdScheduler"
-GATED_ARCHITECTURE = "IdlmForCausalLM"
+
+
+def serve_as_idlm(user_overrides, hf_config):
+    """hf_overrides for lossless mode: the user's own overrides, then the I-DLM architecture
+    of the base's family. vLLM also applies a callable override to configs it derives (its
+    speculative config's draft view); those keep their architecture, and `resolve` checks
+    that the served model really got the gated class."""
+    if callable(user_overrides):
+        hf_config = user_overrides(hf_config)
+    elif user_overrides:
+        for key, value in user_overrides.items():
+            setattr(hf_config, key, value)
+    if getattr(hf_config, "model_type", None) in ARCHITECTURES:
+        hf_config.architectures = [architecture_for(hf_config.model_type)]
+    return hf_config
 
 
 def _user_spec(args: EngineArgs) -> dict | None:
@@ -60,6 +76,12 @@ def translate(args: EngineArgs) -> IsdOptions | None:
             "idlm: draft_lora (the gated ISD adapter) cannot be combined with --enable-lora; "
             "serve ordinary LoRA adapters from a separate engine"
         )
+    if getattr(args, "async_scheduling", None):
+        raise ValueError(
+            "idlm: async scheduling is not supported with ISD (vLLM 0.32 schedules the "
+            "next step before the drafts of this one exist, and its custom_class method "
+            "runs synchronously); drop --async-scheduling"
+        )
     args.spec_method = None
     args.spec_tokens = None
     args.speculative_config = {
@@ -77,9 +99,9 @@ def translate(args: EngineArgs) -> IsdOptions | None:
             args.scheduler_cls,
         )
     if options.draft_lora:
-        overrides = dict(args.hf_overrides or {}) if isinstance(args.hf_overrides, dict) else {}
-        overrides["architectures"] = [GATED_ARCHITECTURE]
-        args.hf_overrides = overrides
+        # The base checkpoint is served by the plugin's class of its family (which holds
+        # the gate); the family is known once vLLM has read the config.
+        args.hf_overrides = functools.partial(serve_as_idlm, args.hf_overrides)
         # The gate's row set changes with every step; run the model eagerly.
         args.enforce_eager = True
     return options
@@ -97,6 +119,9 @@ def resolve(vllm_config, options: IsdOptions) -> None:
             raise ValueError(
                 "idlm: draft_lora (lossless mode) supports tensor_parallel_size=1 only"
             )
+        # The gate lives in the plugin's model classes: a base of another family would be
+        # served by vLLM's own class, silently without the adapter.
+        architecture_for(getattr(model_config.hf_config, "model_type", None))
         check_adapter(load_adapter(options.draft_lora), model_config.hf_config)
         tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer)
         facts = read_adapter_facts(options.draft_lora, tokenizer)
@@ -111,7 +136,7 @@ def resolve(vllm_config, options: IsdOptions) -> None:
     warning = facts.check_num_drafts(options.num_drafts)
     if warning:
         logger.warning(warning)
-    resolved = options.with_mask_token_id(facts.mask_token_id)
+    resolved = options.resolved(facts.mask_token_id, facts.strides)
     additional = dict(vllm_config.additional_config or {})
     additional[ADDITIONAL_CONFIG_KEY] = resolved.to_dict()
     vllm_config.additional_config = additional
@@ -124,7 +149,10 @@ def install() -> None:
 
     @functools.wraps(original)
     def create_engine_config(self, *args, **kwargs):
-        options = translate(self)
+        # The args are rewritten in place; callers that build the config twice from the
+        # same args (Ray Data's vLLM stage does) get the options from the first call.
+        options = translate(self) or getattr(self, "_idlm_options", None)
+        self._idlm_options = options
         vllm_config = original(self, *args, **kwargs)
         if options is not None:
             resolve(vllm_config, options)

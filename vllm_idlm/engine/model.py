@@ -1,15 +1,19 @@
-"""The I-DLM model class vLLM serves: Qwen3 with the MASK token never a valid output.
+"""The I-DLM model classes vLLM serves: a causal LM with the MASK token never a valid output.
 
-Registered for `IdlmForCausalLM` (checkpoints written by `idlm-train`) and
-`SDARForCausalLM` (the published I-DLM layout). The weights are plain Qwen3 weights.
+One mixin over vLLM's own model classes, one class per family: `IdlmForCausalLM` (Qwen3:
+checkpoints written by `idlm-train`, and the published `SDARForCausalLM` layout) and
+`IdlmLlamaForCausalLM` (Llama, e.g. SmolLM2). The weights are the family's plain weights.
+In lossless mode the same classes carry the gated adapter (`draft_lora`), active on MASK
+rows only.
 """
 
 from __future__ import annotations
 
 import torch
+from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
-from vllm_idlm.config import ADDITIONAL_CONFIG_KEY
+from vllm_idlm.config import ADDITIONAL_CONFIG_KEY, architecture_for
 from vllm_idlm.gated_lora import GatedLinear, GateState, check_adapter, load_adapter
 
 
@@ -21,9 +25,16 @@ def mask_token_id_of(vllm_config) -> int | None:
     return None if value is None else int(value)
 
 
-class IdlmForCausalLM(Qwen3ForCausalLM):
-    def __init__(self, *, vllm_config, prefix: str = "") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
+class _IdlmMixin:
+    """MASK forced to -inf in every distribution; the gated adapter on MASK rows."""
+
+    def _init_idlm(self, vllm_config) -> None:
+        model_type = getattr(vllm_config.model_config.hf_config, "model_type", None)
+        if architecture_for(model_type) != type(self).__name__:
+            raise ValueError(
+                f"idlm: {type(self).__name__} cannot serve a {model_type!r} checkpoint; "
+                f"its architecture is {architecture_for(model_type)}"
+            )
         self.mask_token_id = mask_token_id_of(vllm_config)
         options = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY) or {}
         self.draft_lora = options.get("draft_lora")
@@ -87,3 +98,15 @@ class IdlmForCausalLM(Qwen3ForCausalLM):
             # MASK is never a valid output, in plain decoding and in ISD alike.
             logits[..., self.mask_token_id] = float("-inf")
         return logits
+
+
+class IdlmForCausalLM(_IdlmMixin, Qwen3ForCausalLM):
+    def __init__(self, *, vllm_config, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self._init_idlm(vllm_config)
+
+
+class IdlmLlamaForCausalLM(_IdlmMixin, LlamaForCausalLM):
+    def __init__(self, *, vllm_config, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self._init_idlm(vllm_config)

@@ -1,16 +1,21 @@
 """The ISD proposer vLLM's runner calls after each step (through `custom_class`).
 
 It runs no model: the drafts were already made by the MASK rows of the step just
-verified (see `engine.sampler`). It submits, per request, `[d_0 .. d_{K-1}, MASK x K]`
-after a fully accepted step and `[MASK x K]` (a cold start) otherwise.
+verified (see `engine.sampler`). It submits, per request, `[d_0 .. d_{n-1}, MASK x K]`
+after a fully accepted step (n <= K: vLLM may have trimmed the MASK slots that made them)
+and `[MASK x K]` (a cold start) otherwise.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from vllm_idlm.adaptive import AdaptiveConfig, StepCost, StridePolicy
 from vllm_idlm.config import ADDITIONAL_CONFIG_KEY, IsdOptions
 from vllm_idlm.engine.state import IsdState
+
+# Step cost before the engine has measured its own (seconds, seconds per query row).
+PRIOR_COST = StepCost(a=0.01, b=1e-4, d=5e-4)
 
 
 class IsdProposer:
@@ -23,6 +28,10 @@ class IsdProposer:
             )
         self.options = IsdOptions.from_dict(options)
         self.state = IsdState()
+        if self.options.adaptive:
+            strides = self.options.strides or tuple(range(1, self.options.num_drafts + 1))
+            cost = StepCost(PRIOR_COST.a, PRIOR_COST.b, PRIOR_COST.d)
+            self.state.policy = StridePolicy(AdaptiveConfig(strides=strides), cost)
         self._runner: Any = None
 
     def bind_runner(self, runner: Any) -> None:
@@ -38,23 +47,32 @@ class IsdProposer:
         return params is None or params.structured_outputs is None
 
     def propose(self, sampled_token_ids: list[list[int]], *args: Any, **kwargs: Any):
-        k = self.options.num_drafts
-        mask = [self.options.mask_token_id] * k
-        cold = mask * 2 if self.options.uniform_query_len else mask
-        step = self.state.take_last_step()
+        mask_id = self.options.mask_token_id
+        num_slots = 2 * self.options.num_drafts if self.options.uniform_query_len else None
+        pending, stored = self.state.pending, self.state.draft_probs
         req_ids = list(self._runner.input_batch.req_ids)
-        if step is not None and step.req_ids != req_ids:
-            step = None  # batch changed between sampling and proposing: cold starts
+        drafting = [
+            bool(sampled) and self._drafting_enabled(req_id)
+            for req_id, sampled in zip(req_ids, sampled_token_ids)  # noqa: B905
+        ]
+        strides = self._strides([r for r, d in zip(req_ids, drafting) if d])  # noqa: B905
         proposals: list[list[int]] = []
-        for i, sampled in enumerate(sampled_token_ids):
-            if not sampled or not self._drafting_enabled(req_ids[i]):
-                proposals.append([])
-                self.state.draft_probs.pop(req_ids[i], None)
+        for req_id, drafts_on in zip(req_ids, drafting):  # noqa: B905
+            drafts = pending.pop(req_id, None) or []
+            k = next(strides) if drafts_on else 0
+            drafts = drafts[:k]
+            if not drafts:
+                stored.pop(req_id, None)
+            if k == 0:
+                proposals.append([])  # plain decoding for this request this step
                 continue
-            drafts = step.drafts[i] if step is not None else None
-            if drafts is None or len(drafts) < k:
-                self.state.draft_probs.pop(req_ids[i], None)
-                proposals.append(list(cold))
-            else:
-                proposals.append(drafts[:k] + mask)
+            num_masks = num_slots - len(drafts) if num_slots else k
+            proposals.append(drafts + [mask_id] * num_masks)
+        pending.clear()
         return proposals
+
+    def _strides(self, req_ids: list[str]):
+        """K for each drafting request's next step: the policy's choice, or the fixed K."""
+        if self.state.policy is None:
+            return iter([self.options.num_drafts] * len(req_ids))
+        return iter(self.state.policy.choose(req_ids))

@@ -1,16 +1,35 @@
-"""Hooks on vLLM's model runner: install the ISD sampler next to the ISD proposer."""
+"""Hooks on vLLM's model runner: install the ISD sampler next to the ISD proposer, and
+free per-request ISD state as soon as vLLM drops a request's drafts."""
 
 from __future__ import annotations
 
 import functools
+import logging
+import time
 
+import torch
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_idlm.engine.proposer import IsdProposer
 from vllm_idlm.engine.sampler import IsdRejectionSampler
 
+logger = logging.getLogger("vllm_idlm")
+
+
+def _use_one_filter(sampler) -> None:
+    """Make vLLM's first-token sampler filter with `apply_top_k_top_p`, as ISD's rows do.
+
+    On CUDA vLLM samples with FlashInfer when it can, whose top-k / top-p resolve ties
+    their own way; the PyTorch-native path uses the same filter function as the ISD path.
+    """
+    topk = getattr(sampler, "topk_topp_sampler", None)
+    if topk is not None and topk.forward == getattr(topk, "forward_cuda", None):
+        topk.forward = topk.forward_native
+        logger.info("idlm: vLLM's sampler uses its native top-k/top-p path (one filter)")
+
 
 def install() -> None:
+    install_worker_rpc()
     original_init = GPUModelRunner.__init__
     if getattr(original_init, "_idlm_wrapped", False):
         return
@@ -21,6 +40,14 @@ def install() -> None:
         drafter = getattr(self, "drafter", None)
         if isinstance(drafter, IsdProposer):
             drafter.bind_runner(self)
+            _use_one_filter(self.sampler)
+            # vLLM skips the proposer for the whole batch, and schedules zeros as every
+            # request's drafts, when one request is within 2K tokens of max_model_len (a
+            # limit meant for separate draft models). ISD's MASK rows are part of the
+            # target forward and the scheduler already trims slots at max_model_len.
+            self._input_fits_in_drafter = lambda common_attn_metadata: (
+                common_attn_metadata is not None
+            )
             self.rejection_sampler = IsdRejectionSampler(
                 self.sampler,
                 self.speculative_config,
@@ -32,3 +59,114 @@ def install() -> None:
 
     __init__._idlm_wrapped = True
     GPUModelRunner.__init__ = __init__
+
+    original_update = GPUModelRunner._update_states
+
+    @functools.wraps(original_update)
+    def _update_states(self, scheduler_output):
+        drafter = getattr(self, "drafter", None)
+        if isinstance(drafter, IsdProposer):
+            # Finished and aborted requests are gone; preempted ones lost their drafts
+            # (vLLM clears them) and so did resumed ones.
+            resumed = scheduler_output.scheduled_cached_reqs.resumed_req_ids
+            drafter.state.finish(scheduler_output.finished_req_ids)
+            drafter.state.forget(scheduler_output.preempted_req_ids or ())
+            drafter.state.forget(resumed or ())
+        return original_update(self, scheduler_output)
+
+    GPUModelRunner._update_states = _update_states
+    _install_step_timing()
+
+
+def _policy_of(runner):
+    drafter = getattr(runner, "drafter", None)
+    if isinstance(drafter, IsdProposer) and drafter.state.policy is not None:
+        return drafter.state.policy
+    return None
+
+
+def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> None:
+    """The step cost a + b R of this engine, measured once before its first step: dummy
+    forwards of R query rows (min of `repeats`), fitted by least squares. Online timing of
+    real steps refines it (and learns d, the speculative path's fixed cost)."""
+    limit = runner.scheduler_config.max_num_batched_tokens
+    points = []
+    for rows in sorted({min(s, limit) for s in sizes}):
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            runner._dummy_run(rows)
+            best = min(best, time.perf_counter() - start)
+        points.append((rows, best))
+    n = len(points)
+    mean_r = sum(r for r, _ in points) / n
+    mean_t = sum(t for _, t in points) / n
+    var_r = sum((r - mean_r) ** 2 for r, _ in points)
+    if var_r > 0:
+        b = sum((r - mean_r) * (t - mean_t) for r, t in points) / var_r
+        a = mean_t - b * mean_r
+        if a > 0 and b > 0:
+            policy.cost.a, policy.cost.b = a, b
+    logger.info(
+        "idlm: step cost %.2f ms + %.4f ms per query row (measured on %s rows)",
+        policy.cost.a * 1e3,
+        policy.cost.b * 1e3,
+        [r for r, _ in points],
+    )
+
+
+def _install_step_timing() -> None:
+    """Time every step (execute_model to the end of sample_tokens) for the cost model."""
+    original_execute = GPUModelRunner.execute_model
+    original_sample = GPUModelRunner.sample_tokens
+
+    @functools.wraps(original_execute)
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        policy = _policy_of(self)
+        rows = scheduler_output.total_num_scheduled_tokens
+        if policy is not None and rows:
+            if not getattr(self, "_idlm_calibrated", False):
+                self._idlm_calibrated = True
+                with torch.inference_mode():
+                    calibrate(self, policy)
+            spec = bool(scheduler_output.scheduled_spec_decode_tokens)
+            self._idlm_step = (time.perf_counter(), rows, spec)
+        return original_execute(self, scheduler_output, *args, **kwargs)
+
+    @functools.wraps(original_sample)
+    def sample_tokens(self, *args, **kwargs):
+        output = original_sample(self, *args, **kwargs)
+        step = getattr(self, "_idlm_step", None)
+        policy = _policy_of(self)
+        if step is not None and policy is not None:
+            start, rows, spec = step
+            policy.cost.observe(rows, spec, time.perf_counter() - start)
+            self._idlm_step = None
+        return output
+
+    GPUModelRunner.execute_model = execute_model
+    GPUModelRunner.sample_tokens = sample_tokens
+
+
+def idlm_state(worker) -> dict | None:
+    """What one worker's ISD state holds (`LLM.collective_rpc("idlm_state")`): per-request
+    entries still tracked and the step counters; None on an engine without ISD."""
+    runner = getattr(worker, "model_runner", None)
+    drafter = getattr(runner, "drafter", None)
+    if not isinstance(drafter, IsdProposer):
+        return None
+    state = drafter.state
+    return {
+        "pending_drafts": len(state.pending),
+        "stored_draft_probs": len(state.draft_probs),
+        "num_steps": state.num_steps,
+        "num_cold_starts": state.num_cold_starts,
+        "num_unverifiable": state.num_unverifiable,
+    }
+
+
+def install_worker_rpc() -> None:
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    if getattr(WorkerWrapperBase, "idlm_state", None) is None:
+        WorkerWrapperBase.idlm_state = lambda self: idlm_state(self.worker)

@@ -1,42 +1,76 @@
 """The rejection sampler that runs for ISD steps inside vLLM's model runner.
 
 It replaces `runner.rejection_sampler` when the speculative method is idlm. vLLM still
-applies what it owns (penalties, bad words, allowed tokens, min-tokens, logprobs); the
-acceptance / recovered / bonus math and the drafting from MASK rows are ours
-(`vllm_idlm.verifier`), in one pass over the logits the forward already produced.
+applies what it owns (penalties, bad words, allowed tokens, min-tokens, temperature and its
+own top-k / top-p filter, logprobs), on every row; the acceptance / recovered / bonus math
+and the drafting from MASK rows are ours (`vllm_idlm.verifier`), in one pass over the
+logits the forward already produced. vLLM's bonus sampler never runs: a request's random
+numbers then come from its own generator in an order fixed by its own rows, whatever else
+is in the batch.
 
-Draft slots vLLM scheduled for a request: `[d_0 .. d_{n-1}, MASK x m]`, so its logits rows
-are `[last, d_0 .. d_{n-1}, MASK_1 .. MASK_m]` (the verifier's layout). MASK slots are
-never emitted: with m >= 1 the step emits accepted drafts plus one recovered or bonus
-token, and vLLM rolls back the KV of everything after it, MASK rows included.
+Draft slots vLLM scheduled for a request: `[d_0 .. d_{n-1}, MASK x m]`, or whatever
+vLLM made of them (placeholders, trimmed tails; see `vllm_idlm.slots`), so its logits rows
+are `[last, d_0 .. d_{n-1}, r_1 .. r_m]` (the verifier's layout). MASK slots are never
+emitted: with m >= 1 the step emits accepted drafts plus one recovered or bonus token,
+and vLLM rolls back the KV of everything after it, MASK rows included.
+
+One filter everywhere: the target distribution of every row is formed by vLLM's own
+`apply_sampling_constraints` (temperature, then vLLM's top-k / top-p, ties resolved as
+vLLM resolves them on this platform), the same function that forms the first token's
+distribution in vLLM's sampler, so every emitted token of a request is drawn from the same
+kind of distribution. The verifier then sees temperature 1 and no filter.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import logging
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from vllm.v1.outputs import SamplerOutput
-from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, RejectionSampler
+from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
+from vllm.v1.sample.rejection_sampler import (
+    PLACEHOLDER_TOKEN_ID,
+    RejectionSampler,
+    apply_sampling_constraints,
+)
 
 from vllm_idlm.config import IsdOptions
-from vllm_idlm.engine.state import IsdState, StepDrafts
+from vllm_idlm.engine.state import IsdState, StoredDrafts
+from vllm_idlm.slots import SlotPlan, plan_slots
 from vllm_idlm.verifier import verify_and_draft
 
+logger = logging.getLogger("vllm_idlm")
 
-def split_draft_slots(slot_ids: list[int], num_slots: list[int], mask_token_id: int):
-    """Per request: (real draft ids, number of trailing MASK slots)."""
-    drafts, num_masks, start = [], [], 0
-    for count in num_slots:
-        ids = slot_ids[start : start + count]
-        start += count
-        n = count
-        while n and ids[n - 1] == mask_token_id:
-            n -= 1
-        drafts.append(ids[:n])
-        num_masks.append(count - n)
-    return drafts, num_masks
+
+@dataclass(frozen=True)
+class _Batch:
+    """The host-side facts of one step, in the runner's batch order."""
+
+    req_ids: list[str]
+    slots: list[list[int]]
+    greedy: list[bool]
+    live: bool  # False for vLLM's profiling / warm-up runs (dummy drafts, no requests)
+
+    @property
+    def all_greedy(self) -> bool:
+        return all(self.greedy)
+
+
+def needs_logits_processing(sampling_metadata) -> bool:
+    """Whether vLLM's per-request logits processors change any target row this step."""
+    sm = sampling_metadata
+    if not sm.no_penalties or sm.bad_words_token_ids or sm.allowed_token_ids_mask is not None:
+        return True
+    if any(
+        isinstance(p, MinTokensLogitsProcessor) and p.min_toks
+        for p in sm.logitsprocs.non_argmax_invariant
+    ):
+        return True
+    holder = getattr(sm, "thinking_budget_state_holder", None)
+    return holder is not None and holder.has_tracked_requests()
 
 
 class IsdRejectionSampler(RejectionSampler):
@@ -49,129 +83,166 @@ class IsdRejectionSampler(RejectionSampler):
         self.state = state
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
-        mask_id = self.options.mask_token_id
-        batch_size = len(metadata.num_draft_tokens)
-        req_ids = list(self._runner.input_batch.req_ids)
-        # Profiling / warm-up runs use dummy drafts and no live requests.
-        is_dummy = len(req_ids) != batch_size
-        drafts, num_masks = split_draft_slots(
-            metadata.draft_token_ids.tolist(), metadata.num_draft_tokens, mask_id
-        )
-        num_drafts = [len(d) for d in drafts]
+        sm = sampling_metadata
+        device = logits.device
+        batch = self._batch(metadata, sm)
+        plan = plan_slots(batch.slots, self.options.mask_token_id, self.options.num_drafts)
+        plan, stored_probs = self._stored_draft_probs(plan, batch, logits.shape[-1], device)
 
-        # vLLM's own bonus sampling: the token for requests without MASK slots (drafting
-        # off for them, e.g. structured outputs) and the bonus logprobs.
-        bonus_output = self.sampler(
-            logits=logits[metadata.bonus_logits_indices],
-            sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1),
-            predict_bonus_token=True,
-            logprobs_mode_override="processed_logits"
-            if self.is_processed_logprobs_mode
-            else "raw_logits",
+        width = metadata.max_spec_len + 1
+        logprob_rows = self._logprob_row_indices(metadata, width, logits.shape[0])
+        want_logprobs = sm.max_num_logprobs is not None
+        raw_rows = (
+            logits[logprob_rows].float()
+            if want_logprobs and not self.is_processed_logprobs_mode
+            else None
         )
-        raw_target_logits = logits[metadata.target_logits_indices].to(torch.float32)
-        target_logits = self.apply_logits_processors(
-            raw_target_logits.clone(), sampling_metadata, metadata
-        )
-        rows = logits.to(torch.float32).clone()
-        rows[metadata.target_logits_indices] = target_logits
 
-        temperature = sampling_metadata.temperature
-        if temperature is None or sampling_metadata.all_greedy:
-            temperature = torch.zeros(batch_size, dtype=torch.float32, device=logits.device)
+        rows = self._target_rows(logits, metadata, sm)
         step = verify_and_draft(
             rows,
-            torch.tensor([t for d in drafts for t in d], dtype=torch.int64, device=logits.device),
-            self._gather_draft_probs(req_ids, drafts, temperature, rows, is_dummy),
-            num_drafts,
-            num_masks,
-            temperature,
-            sampling_metadata.top_k,
-            sampling_metadata.top_p,
-            sampling_metadata.generators,
-            mask_id,
+            torch.tensor(plan.draft_token_ids, dtype=torch.int64, device=device),
+            stored_probs,
+            plan.num_draft_tokens,
+            list(plan.num_rows_after),
+            self._verifier_temperature(batch, sm, device),
+            None,  # top-k / top-p: already applied by vLLM's filter above
+            None,
+            sm.generators,
+            self.options.mask_token_id,
+            all_greedy=batch.all_greedy,
         )
+        num_reqs = len(batch.slots)
+        host = torch.cat([step.num_accepted, step.next_draft_ids]).tolist()  # the one sync
+        num_accepted, next_ids = host[:num_reqs], host[num_reqs:]
+
         output = torch.full(
-            (batch_size, metadata.max_spec_len + 1),
-            PLACEHOLDER_TOKEN_ID,
-            dtype=torch.int32,
-            device=logits.device,
+            (num_reqs, width), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device
         )
         output[:, : step.output_token_ids.shape[1]] = step.output_token_ids.to(torch.int32)
-        num_accepted = step.num_accepted.tolist()
-        bonus_ids = bonus_output.sampled_token_ids.view(-1)
-        for i in range(batch_size):
-            if num_masks[i] == 0 and num_accepted[i] == num_drafts[i]:
-                output[i, num_drafts[i]] = bonus_ids[i]
-        if not is_dummy:
-            self._record(req_ids, num_drafts, num_masks, num_accepted, step, temperature)
+        if batch.live:
+            self._record(batch, plan, num_accepted, next_ids, step.next_draft_probs)
 
         logprobs_tensors = None
-        if sampling_metadata.max_num_logprobs is not None:
-            logprobs_tensors = self._get_logprobs_tensors(
-                sampling_metadata.max_num_logprobs,
-                metadata,
-                logits,
-                self._processed(target_logits, metadata, sampling_metadata)
-                if self.is_processed_logprobs_mode
-                else raw_target_logits,
-                bonus_output.logprobs_tensors.logprobs,
-                output,
+        if want_logprobs:
+            source = raw_rows if raw_rows is not None else rows[logprob_rows]
+            logprobs = (
+                source if self.is_logits_logprobs_mode else self.sampler.compute_logprobs(source)
             )
+            tokens = output.flatten().to(torch.int64)
+            tokens[tokens == PLACEHOLDER_TOKEN_ID] = 0
+            logprobs_tensors = self.sampler.gather_logprobs(logprobs, sm.max_num_logprobs, tokens)
         return SamplerOutput(sampled_token_ids=output, logprobs_tensors=logprobs_tensors)
 
-    def _gather_draft_probs(self, req_ids, drafts, temperature, rows, is_dummy):
-        """Stack the stored draft probs of this step's real drafts (random requests)."""
-        vocab = rows.shape[-1]
-        greedy = (temperature < 1e-5).tolist()
-        if all(greedy):
-            return None  # greedy drafts are argmaxes: the verifier needs no probs
-        parts = []
-        for i, d in enumerate(drafts):
-            if not d:
-                continue
-            probs = None if (is_dummy or greedy[i]) else self.state.draft_probs.get(req_ids[i])
-            if probs is None or probs.shape[0] < len(d):
-                if not (is_dummy or greedy[i]):
-                    raise RuntimeError(
-                        f"idlm: no draft probabilities stored for request {req_ids[i]}; "
-                        "refusing to verify sampled drafts without them"
-                    )
-                # Rows the verifier ignores (greedy request) or dummy-run filler.
-                probs = torch.full((len(d), vocab), 1.0 / vocab, device=rows.device)
-            parts.append(probs[: len(d)])
-        if not parts:
-            return None
-        return torch.cat(parts).contiguous()
+    def _batch(self, metadata, sm) -> _Batch:
+        num_slots = list(metadata.num_draft_tokens)
+        input_batch = self._runner.input_batch
+        req_ids = list(input_batch.req_ids)
+        if len(req_ids) == len(num_slots):
+            # Host copies of the scheduled slots (no device sync).
+            slots = [list(input_batch.spec_token_ids[i]) for i in range(len(req_ids))]
+            if [len(s) for s in slots] == num_slots:
+                if sm.all_greedy or sm.all_random:
+                    greedy = [sm.all_greedy] * len(req_ids)
+                else:
+                    greedy = [r in input_batch.greedy_reqs for r in req_ids]
+                return _Batch(req_ids, slots, greedy, live=True)
+        # vLLM's dummy runs (profiling, warm-up): read the dummy drafts off the device.
+        flat, slots = metadata.draft_token_ids.tolist(), []
+        for count in num_slots:
+            slots.append(flat[:count])
+            flat = flat[count:]
+        if sm.all_greedy or sm.temperature is None:
+            greedy = [True] * len(num_slots)
+        else:
+            greedy = (sm.temperature < 1e-5).tolist()
+        return _Batch([""] * len(num_slots), slots, greedy, live=False)
 
-    def _record(self, req_ids, num_drafts, num_masks, num_accepted, step, temperature):
+    def _stored_draft_probs(self, plan: SlotPlan, batch: _Batch, vocab: int, device):
+        """The draft probs of this step's real drafts (random requests only), and the plan
+        with every request whose drafts cannot be paired with their probs made a cold start."""
+        if not any(d and not g for d, g in zip(plan.drafts, batch.greedy, strict=True)):
+            return plan, None  # greedy drafts are argmaxes: the verifier needs no probs
+        parts: list[torch.Tensor] = []
+        unverifiable: list[int] = []
+        for i, drafts in enumerate(plan.drafts):
+            if not drafts:
+                continue
+            probs = None
+            if not batch.greedy[i]:
+                stored = self.state.draft_probs.get(batch.req_ids[i])
+                probs = stored.matching(drafts) if stored is not None else None
+                if probs is None:
+                    unverifiable.append(i)
+                    continue
+            parts.append(
+                probs if probs is not None else torch.zeros(len(drafts), vocab, device=device)
+            )
+        if unverifiable:
+            if batch.live:
+                self.state.num_unverifiable += len(unverifiable)
+                logger.warning(
+                    "idlm: %d request(s) arrived with drafts that have no matching draft "
+                    "probabilities; their drafts are ignored this step (output unchanged)",
+                    len(unverifiable),
+                )
+            plan = plan.without_drafts(unverifiable)
+        if not parts:
+            return plan, None
+        return plan, torch.cat(parts).contiguous()
+
+    @staticmethod
+    def _logprob_row_indices(metadata, width: int, num_rows: int) -> torch.Tensor:
+        """Row of every (request, output position) pair, as vLLM lays out logprobs."""
+        start = torch.zeros_like(metadata.cu_num_sampled_tokens)
+        start[1:] = metadata.cu_num_sampled_tokens[:-1]
+        offsets = torch.arange(width, device=start.device, dtype=start.dtype)
+        return (start[:, None] + offsets[None, :]).flatten().clamp_(max=num_rows - 1).long()
+
+    def _target_rows(self, logits: torch.Tensor, metadata, sm) -> torch.Tensor:
+        """fp32 logits with vLLM's logits processors, temperature and top-k / top-p applied
+        (in place where the logits already are fp32, as vLLM's own sampler does).
+
+        Every row is processed as a target row, the last one of each request included
+        (vLLM would send that one through its bonus sampler): in vLLM's terms each request
+        gets one more draft slot, a filler that no row ever reads as context.
+        """
+        rows = logits if logits.dtype == torch.float32 else logits.float()
+        if needs_logits_processing(sm):
+            every_row = SimpleNamespace(num_draft_tokens=[n + 1 for n in metadata.num_draft_tokens])
+            spec = [list(s) + [0] for s in sm.spec_token_ids[: len(metadata.num_draft_tokens)]]
+            rows = self.apply_logits_processors(rows, replace(sm, spec_token_ids=spec), every_row)
+        if not sm.all_greedy:
+            rows = apply_sampling_constraints(rows, metadata.cu_num_sampled_tokens, sm)
+        return rows
+
+    @staticmethod
+    def _verifier_temperature(batch: _Batch, sm, device) -> torch.Tensor:
+        """0 for greedy requests, 1 for random ones (their rows are already scaled)."""
+        if batch.all_greedy:
+            return torch.zeros(len(batch.greedy), dtype=torch.float32, device=device)
+        return (sm.temperature >= 1e-5).to(torch.float32)
+
+    def _record(self, batch: _Batch, plan: SlotPlan, num_accepted, next_ids, next_probs) -> None:
         """Keep the next drafts (and their probs) of requests whose drafts all passed."""
         k = self.options.num_drafts
-        greedy = (temperature < 1e-5).tolist()
-        next_drafts: list[list[int] | None] = []
-        next_ids = step.next_draft_ids.tolist()
+        state = self.state
         start = 0
-        for i, req_id in enumerate(req_ids):
-            m = num_masks[i]
-            self.state.draft_probs.pop(req_id, None)
-            if m and num_accepted[i] == num_drafts[i]:
-                next_drafts.append(next_ids[start : start + min(m, k)])
-                if not greedy[i]:
-                    self.state.draft_probs[req_id] = step.next_draft_probs[
-                        start : start + min(m, k)
-                    ].clone()
-            else:
-                next_drafts.append(None)
+        for i, req_id in enumerate(batch.req_ids):
+            m = plan.num_rows_after[i]
+            n = len(plan.drafts[i])
+            state.draft_probs.pop(req_id, None)
+            state.pending.pop(req_id, None)
+            if n and state.policy is not None:
+                state.policy.observe(req_id, n, num_accepted[i])
+            if m and plan.keeps_next_drafts[i] and num_accepted[i] == n:
+                drafts = next_ids[start : start + min(m, k)]
+                state.pending[req_id] = drafts
+                if not batch.greedy[i]:
+                    state.draft_probs[req_id] = StoredDrafts(
+                        tuple(drafts), next_probs[start : start + len(drafts)].clone()
+                    )
             start += m
             if m:
-                self.state.num_steps += 1
-                self.state.num_cold_starts += int(num_drafts[i] == 0)
-        self.state.last_step = StepDrafts(req_ids, next_drafts)
-        self.state.forget_except(set(self._runner.requests))
-
-    def _processed(self, target_logits, metadata, sampling_metadata):
-        from vllm.v1.sample.rejection_sampler import apply_sampling_constraints
-
-        return apply_sampling_constraints(
-            target_logits.clone(), metadata.cu_num_draft_tokens, sampling_metadata
-        )
+                state.num_steps += 1
+                state.num_cold_starts += int(n == 0)

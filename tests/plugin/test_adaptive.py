@@ -1,0 +1,74 @@
+"""The stride policy (vLLM-free): formulas, cost fit, choices, hysteresis, probing."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_idlm.adaptive import (
+    AdaptiveConfig,
+    StepCost,
+    StridePolicy,
+    cumulative,
+    rows_per_forward,
+    tokens_per_forward,
+)
+
+
+def test_tokens_and_rows_per_forward_match_the_hand_formulas():
+    rates = cumulative([0.9, 0.9, 0.9])  # i.i.d. acceptance 0.9
+    assert tokens_per_forward(rates, 3) == pytest.approx(2.919, abs=1e-3)  # ISD.md, N = 4
+    assert tokens_per_forward([1.0] * 3, 3) == pytest.approx(4.0)  # the ceiling N
+    assert tokens_per_forward([0.0] * 3, 2) == pytest.approx(1.0)  # every step a cold start
+    assert rows_per_forward([1.0] * 3, 3) == pytest.approx(7.0)  # always warm: 2K + 1
+    assert rows_per_forward([0.0] * 3, 3) == pytest.approx(5.5)  # warm, cold, warm: (7 + 4) / 2
+    assert tokens_per_forward(rates, 0) == rows_per_forward(rates, 0) == 1.0
+
+
+def test_step_cost_recovers_a_linear_model_from_observed_steps():
+    cost = StepCost(a=1.0, b=1.0)
+    for i in range(200):
+        rows = 8 + (i * 37) % 120
+        spec = i % 3 != 0
+        cost.observe(rows, spec, 0.010 + 0.0002 * rows + (0.002 if spec else 0.0))
+    assert cost.a == pytest.approx(0.010, rel=0.05)
+    assert cost.b == pytest.approx(0.0002, rel=0.05)
+    assert cost.d == pytest.approx(0.002, rel=0.1)
+
+
+def policy(a, b, d=0.0, prior=0.8, **kw) -> StridePolicy:
+    return StridePolicy(AdaptiveConfig(strides=(1, 2, 3), prior=prior, **kw), StepCost(a, b, d))
+
+
+def test_memory_bound_steps_draft_the_most_compute_bound_steps_decode_plainly():
+    rates = [cumulative([0.8] * 3)] * 16
+    assert policy(a=0.050, b=0.00001).best_strides(rates)[0] == [3] * 16
+    assert policy(a=0.0001, b=0.001).best_strides(rates)[0] == [0] * 16
+
+
+def test_the_speculative_paths_fixed_cost_must_be_earned():
+    """Low acceptance at low load: drafting barely pays, and a fixed cost of the
+    speculative path (d) tips the batch to plain decoding."""
+    rates = [cumulative([0.3] * 3)] * 4
+    assert policy(a=0.01, b=0.0001, d=0.0).best_strides(rates)[0] != [0] * 4
+    assert policy(a=0.01, b=0.0001, d=0.01).best_strides(rates)[0] == [0] * 4
+
+
+def test_acceptance_estimates_follow_what_the_request_accepts():
+    p = policy(a=0.01, b=0.0001, prior=0.5)
+    for _ in range(40):
+        p.observe("r", num_drafts=3, num_accepted=1)  # position 1 passes, 2 fails
+    a1, a2, a3 = p.requests["r"].conditional
+    assert a1 > 0.95 and a2 < 0.05 and a3 == pytest.approx(0.5)  # 3 never observed
+
+
+def test_hysteresis_and_dwell_keep_k_from_flapping_and_probes_look_further():
+    p = policy(a=0.01, b=0.001, prior=0.9, min_dwell=4, probe_every=1000)
+    assert p.choose(["r"]) == [3]
+    for _ in range(60):  # acceptance collapses: k comes down, after the dwell
+        p.observe("r", 3, 0)
+    ks = [p.choose(["r"])[0] for _ in range(8)]
+    assert ks[0] == 3 and ks[-1] < 3
+    assert len({k for k in ks[3:]}) == 1  # settled, not oscillating
+    q = policy(a=0.0001, b=0.001, probe_every=5)  # compute-bound: plain
+    ks = [q.choose(["s"])[0] for _ in range(10)]
+    assert ks.count(1) == 2 and ks.count(0) == 8  # a probe every 5 steps drafts one position

@@ -1,0 +1,240 @@
+"""Choosing K per request and per step: the most expected tokens per second for the batch.
+
+vLLM-free. A request at stride k (k drafts verified and k MASK slots appended per warm step)
+alternates warm steps (drafts available: 1 + 2k query rows) and cold ones (after a
+rejection: 1 + k rows). With r_j = P(the first j drafts are accepted), S_k = r_1 + .. + r_k,
+it stays warm with probability r_k, so per forward (ADAPTIVE.md):
+
+    tokens(k) = (2 + S_k - r_k) / (2 - r_k)
+    rows(k)   = (2k + 1 + (1 - r_k)(k + 1)) / (2 - r_k)
+
+and k = 0 is plain decoding: one row, one token. A step costs c(R) = a + b R (+ d when any
+request carries draft slots: vLLM's speculative path is not free), R the query rows of the
+batch. The policy maximises G = sum_i tokens_i(k_i) / c(sum_i rows_i(k_i)) with Dinkelbach's
+iteration: given G, each request independently takes the k maximising
+tokens_i(k) - G b rows_i(k); G is recomputed until it stops moving. The all-plain batch
+(no speculative path, no d) is the alternative it must beat.
+
+The acceptance estimates are per request and per position (an exponential moving average
+of the conditional acceptance a_j = r_j / r_{j-1}, started from the engine-wide average),
+and the policy keeps a request's k unless the change gains more than `hysteresis` and the
+request has kept its k for `min_dwell` steps. Positions a request no longer drafts are not
+left unobserved: every `probe_every` steps it drafts one position more than it chose.
+Exactness does not depend on any of this: whatever is drafted is verified exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    """strides: the K values a request may use (0, plain decoding, is always allowed)."""
+
+    strides: tuple[int, ...]
+    ema: float = 0.15
+    prior: float = 0.6
+    hysteresis: float = 0.05
+    min_dwell: int = 4
+    probe_every: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.strides or min(self.strides) < 1:
+            raise ValueError(f"adaptive: strides must be K values >= 1, got {self.strides}")
+        if not 0 < self.ema <= 1 or not 0 <= self.prior <= 1:
+            raise ValueError(f"adaptive: ema in (0, 1] and prior in [0, 1], got {self}")
+
+    @property
+    def max_drafts(self) -> int:
+        return max(self.strides)
+
+    @property
+    def choices(self) -> tuple[int, ...]:
+        return (0, *sorted(set(self.strides)))
+
+
+def cumulative(conditional: Sequence[float]) -> list[float]:
+    """r_j = a_1 * .. * a_j."""
+    out, r = [], 1.0
+    for a in conditional:
+        r *= a
+        out.append(r)
+    return out
+
+
+def tokens_per_forward(rates: Sequence[float], k: int) -> float:
+    if k == 0:
+        return 1.0
+    r_k = rates[k - 1]
+    return (2.0 + sum(rates[:k]) - r_k) / (2.0 - r_k)
+
+
+def rows_per_forward(rates: Sequence[float], k: int) -> float:
+    if k == 0:
+        return 1.0
+    r_k = rates[k - 1]
+    return (2 * k + 1 + (1.0 - r_k) * (k + 1)) / (2.0 - r_k)
+
+
+@dataclass
+class StepCost:
+    """c(R, spec) = a + b R + d [spec], refined online by exponentially weighted least squares."""
+
+    a: float
+    b: float
+    d: float = 0.0
+    forget: float = 0.98
+    # Weighted sufficient statistics of (x = [1, R, spec], t).
+    _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    _xt: list[float] = field(default_factory=lambda: [0.0] * 3)
+    _seen: int = 0
+
+    def __call__(self, rows: float, spec: bool) -> float:
+        return self.a + self.b * rows + (self.d if spec else 0.0)
+
+    def observe(self, rows: int, spec: bool, seconds: float) -> None:
+        x = (1.0, float(rows), 1.0 if spec else 0.0)
+        for i in range(3):
+            self._xt[i] = self.forget * self._xt[i] + x[i] * seconds
+            for j in range(3):
+                self._xx[i][j] = self.forget * self._xx[i][j] + x[i] * x[j]
+        self._seen += 1
+        if self._seen >= 8:
+            self._refit()
+
+    def _refit(self) -> None:
+        """Weighted least squares over what varied: with the speculative indicator constant
+        (every step drafted, or none) d keeps its value; with R constant b keeps its value."""
+        xx, xt = self._xx, self._xt
+        w = xx[0][0]
+        mean_r, mean_s = xx[0][1] / w, xx[0][2] / w
+        var_r = xx[1][1] / w - mean_r**2
+        var_s = xx[2][2] / w - mean_s**2
+        fit_b = var_r > 1e-6 * max(mean_r**2, 1.0)
+        fit_d = 0.01 < mean_s < 0.99 and var_s > 1e-4
+        free = [0] + ([1] if fit_b else []) + ([2] if fit_d else [])
+        fixed = {1: self.b, 2: self.d}
+        m = [[xx[i][j] for j in free] for i in free]
+        v = [xt[i] - sum(xx[i][j] * fixed[j] for j in fixed if j not in free) for i in free]
+        solved = _solve(m, v)
+        if solved is None:
+            return
+        values = dict(zip(free, solved, strict=True))
+        a, b, d = values[0], values.get(1, self.b), values.get(2, self.d)
+        if a > 0 and b > 0:
+            self.a, self.b, self.d = a, b, max(d, 0.0)
+
+
+def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting (None when singular)."""
+    n = len(v)
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12 * max(abs(a[col][col]), 1e-300):
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(n):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col], strict=True)]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
+@dataclass
+class _RequestState:
+    conditional: list[float]
+    k: int
+    dwell: int = 0
+    steps: int = 0
+
+
+class StridePolicy:
+    """Per-request acceptance estimates and the per-step choice of k."""
+
+    def __init__(self, config: AdaptiveConfig, cost: StepCost) -> None:
+        self.config = config
+        self.cost = cost
+        self.engine_conditional = [config.prior] * config.max_drafts
+        self.requests: dict[str, _RequestState] = {}
+
+    def _state(self, req_id: str) -> _RequestState:
+        state = self.requests.get(req_id)
+        if state is None:
+            state = _RequestState(list(self.engine_conditional), k=-1)  # undecided
+            self.requests[req_id] = state
+        return state
+
+    def observe(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
+        """One verify step: drafts 1..num_drafts were offered, the first num_accepted passed."""
+        if num_drafts <= 0:
+            return
+        state = self._state(req_id)
+        w = self.config.ema
+        for j in range(min(num_accepted + 1, num_drafts)):
+            hit = 1.0 if j < num_accepted else 0.0
+            state.conditional[j] += w * (hit - state.conditional[j])
+            self.engine_conditional[j] += (w / 4) * (hit - self.engine_conditional[j])
+
+    def forget(self, req_ids) -> None:
+        for req_id in req_ids:
+            self.requests.pop(req_id, None)
+
+    def rates(self, req_id: str) -> list[float]:
+        return cumulative(self._state(req_id).conditional)
+
+    def choose(self, req_ids: Sequence[str]) -> list[int]:
+        """The stride of every request for its next step (in `req_ids` order)."""
+        states = [self._state(r) for r in req_ids]
+        rates = [cumulative(s.conditional) for s in states]
+        best, goodput = self.best_strides(rates)
+        b = self.cost.b
+        chosen = []
+        for state, r, k_new in zip(states, rates, best, strict=True):
+            state.steps += 1
+            state.dwell += 1
+            if state.k < 0:  # a new request starts at the batch's best choice
+                state.k, state.dwell = k_new, 0
+            elif k_new != state.k and state.dwell >= self.config.min_dwell:
+                old = tokens_per_forward(r, state.k) - goodput * b * rows_per_forward(r, state.k)
+                new = tokens_per_forward(r, k_new) - goodput * b * rows_per_forward(r, k_new)
+                if new > old + self.config.hysteresis * max(abs(old), 1e-9):
+                    state.k, state.dwell = k_new, 0
+            k = state.k
+            if k < self.config.max_drafts and state.steps % self.config.probe_every == 0:
+                k = next(c for c in self.config.choices if c > k)  # probe one position more
+            chosen.append(k)
+        return chosen
+
+    def goodput(self, rates: Sequence[Sequence[float]], ks: Sequence[int]) -> float:
+        """Expected tokens per second of a batch at strides `ks`."""
+        tokens = sum(tokens_per_forward(r, k) for r, k in zip(rates, ks, strict=True))
+        rows = sum(rows_per_forward(r, k) for r, k in zip(rates, ks, strict=True))
+        return tokens / self.cost(rows, any(ks))
+
+    def best_strides(self, rates: Sequence[Sequence[float]]) -> tuple[list[int], float]:
+        """Dinkelbach's iteration for max goodput; the all-plain batch as the alternative."""
+        choices, b = self.config.choices, self.cost.b
+        ks = [self.config.max_drafts] * len(rates)
+        goodput = self.goodput(rates, ks)
+        for _ in range(16):
+            ks = [
+                max(
+                    choices,
+                    key=lambda k, r=r: (
+                        tokens_per_forward(r, k) - goodput * b * rows_per_forward(r, k)
+                    ),
+                )
+                for r in rates
+            ]
+            new = self.goodput(rates, ks)
+            if abs(new - goodput) <= 1e-9 * goodput:
+                break
+            goodput = new
+        plain = [0] * len(rates)
+        plain_goodput = self.goodput(rates, plain)
+        if plain_goodput >= goodput:
+            return plain, plain_goodput
+        return ks, goodput
