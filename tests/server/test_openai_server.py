@@ -146,3 +146,28 @@ def test_prometheus_metrics_report_isd_rounds_and_k_positions(isd_server):
     assert positions == [0, 1, 2]  # K = 3 real drafts, not 2K slots
     drafts = [ln for ln in text.splitlines() if ln.startswith("vllm:spec_decode_num_drafts_total")]
     assert drafts and float(drafts[0].split()[-1]) > 0
+
+
+@pytest.mark.parametrize("length", [129, 257])
+def test_the_same_prompt_twice_with_prefix_caching_keeps_the_server_alive(
+    isd_server, heldout_prompts, length
+):
+    """Regression: a prompt of 1 + k * 128 tokens (the CPU block size) sent twice. The second
+    send hits the prefix cache with one token left to compute; vLLM pads that new decode with
+    placeholder draft slots (-1), which the plugin took for drafts: at T = 0 the spec-decode
+    metrics overflowed (IndexError, EngineDeadError), at T > 0 the sampler refused the
+    drafts for lack of draft probabilities, and the server answered nothing after that."""
+    stream = [t for p in heldout_prompts for t in p]
+    prompt = stream[:length]
+    greedy = [
+        completion(isd_server, prompt=prompt, max_tokens=24, ignore_eos=True) for _ in range(2)
+    ]
+    assert [r.status_code for r in greedy] == [200, 200], greedy[-1].text
+    assert greedy[0].json()["choices"][0]["text"] == greedy[1].json()["choices"][0]["text"]
+    for seed in (0, 1):
+        r = completion(
+            isd_server, prompt=prompt, max_tokens=24, ignore_eos=True, temperature=0.8, seed=seed
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 24
+    assert requests.get(f"{isd_server['url']}/health", timeout=10).status_code == 200
