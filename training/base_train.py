@@ -54,7 +54,7 @@ def train_base(
     )
     _, head = trunk_and_head(model)
 
-    def step_fn(step, input_ids, loss_mask, clean_loss):
+    def step_fn(step, input_ids, loss_mask, clean_loss, doc_ids=None):
         loss = ar_loss(hidden_states(model, input_ids), head, input_ids, loss_mask)
         return loss, {"loss": float(loss.detach())}
 

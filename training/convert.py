@@ -6,15 +6,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .config import ConvertConfig, LoraConfig, TrainConfig
 from .corpus import Document
 from .curriculum import make_idlm_step
 from .distributed import full_state_dict, setup, shard
 from .export import save_gated_lora, save_idlm_checkpoint, save_tokenizer
 from .gated_lora import attach_gated_lora
-from .modeling import load_base, set_attention
+from .modeling import cast_frozen_linears, load_base, set_attention
 from .packing import PackedData, pack_documents
-from .rollouts import mix_in_rollouts
+from .rollouts import mix_in_rollouts, mix_windows, read_rollout_file, rollout_windows
 from .tokenizer import apply_mask_plan, ensure_mask_token
 from .trainer import finish, train
 
@@ -30,11 +32,13 @@ def _prepare(base_path: Path, ccfg: ConvertConfig, tcfg: TrainConfig):
 
 def _training_data(model, tokenizer, docs, ccfg, tcfg, mask_id, dist) -> PackedData:
     """Corpus windows, with `ccfg.rollouts` of the drawn windows replaced by the model's own."""
+    draws = tcfg.steps * tcfg.batch_size * tcfg.grad_accum * dist.world_size
+    if ccfg.rollout_file:
+        return _file_rollouts(tokenizer, docs, ccfg, tcfg, mask_id, draws, dist)
     data = pack_documents(tokenizer, docs, tcfg.seq_len, tcfg.max_tokens)
     if not ccfg.rollouts:
         return data
     t0 = time.time()
-    draws = tcfg.steps * tcfg.batch_size * tcfg.grad_accum * dist.world_size
     mixed = mix_in_rollouts(
         model.to(dist.device),
         data,
@@ -49,6 +53,29 @@ def _training_data(model, tokenizer, docs, ccfg, tcfg, mask_id, dist) -> PackedD
         count = int((~mixed.clean_loss).sum()) if mixed.clean_loss is not None else 0
         print(f"rollouts: {count} windows of {tcfg.seq_len} in {time.time() - t0:.0f}s", flush=True)
     return mixed
+
+
+def _file_rollouts(tokenizer, docs, ccfg, tcfg, mask_id, draws, dist) -> PackedData:
+    """Windows of the rollout file (vLLM's answers), mixed with corpus windows if rollouts < 1."""
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
+    records = read_rollout_file(ccfg.rollout_file)
+    windows = rollout_windows(records, tcfg.seq_len, pad_id, mask_id, ccfg.rollout_clean, tcfg.seed)
+    corpus = None
+    if ccfg.rollouts < 1:
+        if not docs:
+            raise ValueError(f"rollouts={ccfg.rollouts} < 1 needs corpus documents for the rest")
+        corpus = pack_documents(tokenizer, docs, tcfg.seq_len, tcfg.max_tokens)
+    if dist.is_main:
+        answer = int(windows.loss_mask.sum())
+        epochs = draws * ccfg.rollouts / len(windows)
+        print(
+            f"rollout file: {len(records)} answers ({answer} tokens) in {len(windows)} windows "
+            f"of {tcfg.seq_len}; {epochs:.1f} epochs over them",
+            flush=True,
+        )
+    return mix_windows(corpus, windows, ccfg.rollouts, draws, tcfg.seed)
 
 
 def _attn_for(ccfg: ConvertConfig, device) -> str:
@@ -99,7 +126,11 @@ def train_lora(
     data = _training_data(model, tokenizer, train_docs, ccfg, tcfg, mask_id, dist)
     adapter = attach_gated_lora(model, lcfg, mask_id)
     model.to(dist.device)
-    step_fn = make_idlm_step(model, ccfg, mask_id, tcfg.seq_len, tcfg.steps, dist.device, alpha=0.0)
+    if tcfg.precision == "bf16":
+        cast_frozen_linears(model, torch.bfloat16)
+    step_fn = make_idlm_step(
+        model, ccfg, mask_id, tcfg.seq_len, tcfg.steps, dist.device, alpha=0.0, clean_grad=False
+    )
     train(model, data, step_fn, tcfg, work, "lora", dist)
     if dist.is_main:
         model.cpu()

@@ -12,6 +12,7 @@ from .config import ConvertConfig
 from .modeling import hidden_states, trunk_and_head
 from .objective import build_idlm_batch, idlm_loss
 from .trainer import StepFn
+from .two_pass import split_idlm_loss
 
 
 def stage_ends(cfg: ConvertConfig, total_steps: int) -> list[int]:
@@ -47,23 +48,56 @@ def make_idlm_step(
     total_steps: int,
     device: torch.device,
     alpha: float | None = None,
+    clean_grad: bool = True,
 ) -> StepFn:
-    """step_fn for `trainer.train`; `alpha=0` trains the MASK rows only (gated LoRA)."""
+    """step_fn for `trainer.train`; `alpha=0` trains the MASK rows only (gated LoRA).
+
+    `clean_grad=False` declares that nothing trainable reaches a clean row (gated LoRA), so
+    the split pass (`cfg.split_pass`) runs x_0 without gradients.
+    """
     cfg.check_seq_len(seq_len)
     kind = attention_kind(cfg, device)
     alpha = cfg.alpha if alpha is None else alpha
+    if not clean_grad and alpha:
+        raise ValueError(f"alpha={alpha}: a clean loss needs gradients through the clean rows")
     masks: dict[int, object] = {}
     _, head = trunk_and_head(model)
 
-    def step_fn(
-        step: int, input_ids: torch.Tensor, loss_mask: torch.Tensor, clean_loss: torch.Tensor
-    ):
-        stride = stride_at(step, cfg, total_steps)
+    def joint_loss(stride, batch, doc_ids):
         if stride not in masks:
             masks[stride] = build_mask(seq_len, stride - 1, kind, device)
+        mask = masks[stride]
+        if doc_ids is not None:
+            if kind == "flex":
+                raise ValueError("document-packed windows need the dense or split attention")
+            docs = torch.cat([doc_ids, doc_ids], dim=1)
+            mask = mask & (docs[:, None, :, None] == docs[:, None, None, :])
+        hidden = hidden_states(model, batch.input_ids, batch.position_ids, mask)
+        return idlm_loss(hidden, head, batch, alpha, cfg.balance, cfg.distill)
+
+    def step_fn(
+        step: int,
+        input_ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        clean_loss: torch.Tensor,
+        doc_ids: torch.Tensor | None = None,
+    ):
+        stride = stride_at(step, cfg, total_steps)
         batch = build_idlm_batch(input_ids, loss_mask, mask_token_id, clean_loss)
-        hidden = hidden_states(model, batch.input_ids, batch.position_ids, masks[stride])
-        parts = idlm_loss(hidden, head, batch, alpha, cfg.balance, cfg.distill)
+        if cfg.split_pass:
+            parts = split_idlm_loss(
+                model,
+                batch,
+                loss_mask,
+                doc_ids,
+                stride - 1,
+                alpha,
+                cfg.balance,
+                cfg.distill,
+                clean_grad,
+            )
+        else:
+            parts = joint_loss(stride, batch, doc_ids)
         metrics = {
             "loss": float(parts.total.detach()),
             "mask_ce": float(parts.mask_ce),

@@ -7,7 +7,6 @@ from `DIR/.work/<stage>-<hash>/ckpt`.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import shutil
@@ -15,7 +14,7 @@ import time
 from pathlib import Path
 
 from .base_train import corpus_summary, train_base
-from .config import Recipe
+from .config import Recipe, hash_view
 from .convert import convert, train_lora
 from .corpus import load_corpus
 
@@ -24,30 +23,29 @@ STAMP = "idlm_build.json"
 BUILD_VERSION = 2
 
 
-def _hash(*parts) -> str:
-    blob = json.dumps(
-        [dataclasses.asdict(p) if dataclasses.is_dataclass(p) else p for p in parts], sort_keys=True
-    )
+def digest(*parts) -> str:
+    """A short hash of configs and values (configs through `hash_view`)."""
+    blob = json.dumps([hash_view(p) for p in parts], sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
 def stage_hashes(recipe: Recipe) -> dict[str, str]:
-    base = _hash("base", BUILD_VERSION, recipe.corpus, recipe.tokenizer, recipe.model, recipe.base)
+    base = digest("base", BUILD_VERSION, recipe.corpus, recipe.tokenizer, recipe.model, recipe.base)
     return {
         "base": base,
-        "idlm": _hash("idlm", base, recipe.convert, recipe.convert_train),
-        "lora": _hash("lora", base, recipe.convert, recipe.lora, recipe.lora_train),
+        "idlm": digest("idlm", base, recipe.convert, recipe.convert_train),
+        "lora": digest("lora", base, recipe.convert, recipe.lora, recipe.lora_train),
     }
 
 
-def is_built(path: Path, digest: str) -> bool:
+def is_built(path: Path, digest_: str) -> bool:
     stamp = path / STAMP
-    return stamp.is_file() and json.loads(stamp.read_text()).get("hash") == digest
+    return stamp.is_file() and json.loads(stamp.read_text()).get("hash") == digest_
 
 
-def _stamp(path: Path, digest: str, recipe: Recipe, seconds: float) -> None:
+def write_stamp(path: Path, digest_: str, recipe_name: str, seconds: float) -> None:
     (path / STAMP).write_text(
-        json.dumps({"hash": digest, "recipe": recipe.name, "seconds": round(seconds, 1)}, indent=2)
+        json.dumps({"hash": digest_, "recipe": recipe_name, "seconds": round(seconds, 1)}, indent=2)
         + "\n"
     )
 
@@ -83,6 +81,6 @@ def build_demo(recipe: Recipe, out: Path, log=print) -> dict[str, Path]:
         shutil.rmtree(paths[name], ignore_errors=True)
         t0 = time.time()
         build(paths[name], out / ".work" / f"{name}-{hashes[name]}")
-        _stamp(paths[name], hashes[name], recipe, time.time() - t0)
+        write_stamp(paths[name], hashes[name], recipe.name, time.time() - t0)
         log(f"{name}: built in {time.time() - t0:.0f}s ({paths[name]})")
     return paths

@@ -84,18 +84,24 @@ def measure(
     max_new: int,
     seed: int,
     tokenizer=None,
+    temperatures: tuple[float, ...] = (0.0, 1.0),
+    eos_token_id: int | None = None,
+    check_plain: bool = True,
 ) -> dict[str, Any]:
     """ISD rows per (N, T); `chars_per_forward` (given a tokenizer) is TPF in characters,
-    comparable across vocabulary sizes."""
+    comparable across vocabulary sizes. With `eos_token_id` a generation stops at EOS."""
     results: dict[str, Any] = {"isd": []}
-    plain = [greedy_generate(model, p, max_new, mask_id) for p in prompts]
+    plain = [
+        greedy_generate(model, p, max_new, mask_id, eos_token_id) if check_plain else None
+        for p in prompts
+    ]
     for stride in strides:
-        for temperature in (0.0, 1.0):
+        for temperature in temperatures:
             total = DecodeStats()
             matches, chars = 0, 0
             for i, prompt in enumerate(prompts):
                 out, stats = isd_generate(
-                    model, prompt, stride, max_new, mask_id, temperature, seed=seed + i
+                    model, prompt, stride, max_new, mask_id, temperature, seed + i, eos_token_id
                 )
                 total.merge(stats)
                 chars += len(tokenizer.decode(out)) if tokenizer is not None else 0
@@ -110,7 +116,7 @@ def measure(
                 "forwards": total.num_forwards,
                 "tokens": total.num_tokens,
             }
-            if temperature == 0.0:
+            if temperature == 0.0 and check_plain:
                 row["greedy_matches_plain"] = f"{matches}/{len(prompts)}"
             results["isd"].append(row)
     return results
@@ -123,38 +129,64 @@ def format_table(results: dict[str, Any]) -> str:
     for r in results["isd"]:
         depths = " ".join(f"{a:.2f}" for a in r["acceptance_by_depth"])
         lines.append(
-            f"{r['stride']:>2} {r['temperature']:>3.0f} {r['tokens_per_forward']:>6.3f} {r['chars_per_forward']:>7.2f} {r['introspective_acceptance']:>6.3f}  {depths:<20} {r.get('greedy_matches_plain', '')}"
+            f"{r['stride']:>2} {r['temperature']:>3.1f} {r['tokens_per_forward']:>6.3f} {r['chars_per_forward']:>7.2f} {r['introspective_acceptance']:>6.3f}  {depths:<20} {r.get('greedy_matches_plain', '')}"
         )
     return "\n".join(lines)
 
 
+def chat_prompts(tokenizer, recipe_name: str, count: int) -> list[list[int]]:
+    """The first `count` held-out chat prompts of a chat recipe, as template-rendered ids."""
+    from .chat_recipe import load_chat_recipe
+    from .instructions import chat_prompt_ids, heldout_chat_prompts
+
+    conversations = heldout_chat_prompts(count, load_chat_recipe(recipe_name).instructions)
+    return chat_prompt_ids(tokenizer, conversations)
+
+
 def run_eval(args) -> dict[str, Any]:
-    recipe = load_recipe(args.recipe)
     model, tokenizer, mask_id = load_for_eval(args.model, args.lora)
-    _, heldout = load_corpus(recipe.corpus)
-    prompts = make_prompts(tokenizer, heldout, args.prompts, args.prompt_len, args.seed)
-    results = {
+    results: dict[str, Any] = {
         "model": str(args.model),
         "lora": str(args.lora) if args.lora else None,
-        "prompts": len(prompts),
-        "prompt_len": args.prompt_len,
-        "max_new": args.max_new,
     }
-    results["heldout"] = {
-        str(n): heldout_ce(model, tokenizer, heldout, mask_id, n) for n in args.strides
-    }
+    if args.chat:
+        prompts = chat_prompts(tokenizer, args.recipe, args.prompts)
+        eos = tokenizer.eos_token_id
+        results.update(prompts=len(prompts), prompts_from="held-out chat", stop_at_eos=True)
+    else:
+        _, heldout = load_corpus(load_recipe(args.recipe).corpus)
+        prompts = make_prompts(tokenizer, heldout, args.prompts, args.prompt_len, args.seed)
+        eos = None
+        results.update(prompts=len(prompts), prompt_len=args.prompt_len)
+        results["heldout"] = {
+            str(n): heldout_ce(model, tokenizer, heldout, mask_id, n) for n in args.strides
+        }
+    results["max_new"] = args.max_new
     results.update(
-        measure(model, prompts, mask_id, args.strides, args.max_new, args.seed, tokenizer)
+        measure(
+            model,
+            prompts,
+            mask_id,
+            args.strides,
+            args.max_new,
+            args.seed,
+            tokenizer,
+            tuple(args.temperatures),
+            eos,
+            not args.no_plain,
+        )
     )
     print(
         f"{args.model}{' + ' + str(args.lora) if args.lora else ''}: {len(prompts)} held-out prompts x {args.max_new} tokens"
     )
-    print(
-        "held-out CE (mask/clean): "
-        + ", ".join(
-            f"N={n}: {v['mask_ce']:.3f}/{v['clean_ce']:.3f}" for n, v in results["heldout"].items()
+    if "heldout" in results:
+        print(
+            "held-out CE (mask/clean): "
+            + ", ".join(
+                f"N={n}: {v['mask_ce']:.3f}/{v['clean_ce']:.3f}"
+                for n, v in results["heldout"].items()
+            )
         )
-    )
     print(format_table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

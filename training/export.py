@@ -1,7 +1,8 @@
 """Export: HF checkpoint directories that carry the I-DLM facts the plugin needs.
 
-- base: plain Qwen3 (`Qwen3ForCausalLM`) whose tokenizer already holds `<|mask|>`.
-- idlm: Qwen3 weights, `"architectures": ["IdlmForCausalLM"]`, top-level `mask_token_id`, and an
+- base: the plain model (`Qwen3ForCausalLM`, `LlamaForCausalLM`) whose tokenizer holds `<|mask|>`.
+- idlm: the base's weights and model_type, the plugin's architecture of that family
+  (`IdlmForCausalLM` for Qwen3, `IdlmLlamaForCausalLM` for Llama), top-level `mask_token_id`, and an
   `"idlm"` block {mask_token_id, strides, block_size, recipe, format_version}.
 - lora: PEFT LoRA files plus `idlm_gate.json` (and the trained MASK row, if any).
 """
@@ -15,15 +16,16 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from vllm_idlm.config import architecture_for
+
 from .config import FORMAT_VERSION, LoraConfig
 from .gated_lora import GatedAdapter, attach_gated_lora
 
-IDLM_ARCH = "IdlmForCausalLM"
 GATE_FILE = "idlm_gate.json"
 MASK_EMBED_FILE = "idlm_mask_embedding.safetensors"
 
 
-def _patch_config(out: Path, updates: dict[str, Any]) -> None:
+def patch_config(out: Path, updates: dict[str, Any]) -> None:
     path = out / "config.json"
     cfg = json.loads(path.read_text())
     cfg.update(updates)
@@ -47,7 +49,7 @@ def save_base_checkpoint(model, tokenizer, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     save_tokenizer(tokenizer, out)
-    _patch_config(out, {"architectures": ["Qwen3ForCausalLM"]})
+    patch_config(out, {"architectures": [type(model).__name__]})
     return out
 
 
@@ -70,11 +72,11 @@ def save_idlm_checkpoint(
         "recipe": recipe,
         "format_version": FORMAT_VERSION,
     }
-    _patch_config(
+    patch_config(
         out,
         {
-            "model_type": "qwen3",
-            "architectures": [IDLM_ARCH],
+            "model_type": model.config.model_type,
+            "architectures": [architecture_for(model.config.model_type)],
             "mask_token_id": mask_token_id,
             "idlm": idlm,
         },

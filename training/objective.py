@@ -78,23 +78,27 @@ def _ce(hidden: torch.Tensor, lm_head, labels: torch.Tensor) -> torch.Tensor:
 
 
 def _mask_term(
-    hidden: torch.Tensor, lm_head, batch: IdlmBatch, distill: float
+    mask_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    lm_head,
+    mask_labels: torch.Tensor,
+    distill: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, data CE) of the MASK rows; loss = (1 - distill) x data CE + distill x soft CE.
 
-    The soft target of MASK row i is the clean row i's own next-token distribution (detached):
-    the distribution the verifier will hold the draft to, seen with the true prefix.
+    The soft target of MASK row i is the clean row at the same position's own next-token
+    distribution (`teacher_hidden`, detached): the distribution the verifier will hold the
+    draft to, seen with the true prefix.
     """
-    seq_len = batch.mask_labels.shape[1]
     if distill == 0:
-        ce = _ce(hidden[:, :seq_len], lm_head, batch.mask_labels)
+        ce = _ce(mask_hidden, lm_head, mask_labels)
         return ce, ce.detach()
-    rows, targets, sel = _labelled_rows(hidden[:, :seq_len], batch.mask_labels)
+    rows, targets, sel = _labelled_rows(mask_hidden, mask_labels)
     if targets.numel() == 0:
-        zero = hidden.sum() * 0.0
+        zero = mask_hidden.sum() * 0.0
         return zero, zero.detach()
     with torch.no_grad():
-        clean_rows = hidden[:, seq_len:].reshape(-1, hidden.shape[-1])[sel]
+        clean_rows = teacher_hidden.reshape(-1, teacher_hidden.shape[-1])[sel]
         teacher = lm_head(clean_rows).float().softmax(-1)
     logq = lm_head(rows).float().log_softmax(-1)
     data_ce = F.nll_loss(logq, targets)
@@ -110,17 +114,37 @@ def idlm_loss(
     balance: str,
     distill: float = 0.0,
 ) -> LossParts:
+    """The loss of a joint [x_t | x_0] forward (`hidden` [B, 2L, H]); see `split_loss`."""
+    seq_len = batch.mask_labels.shape[1]
+    x_t, x_0 = hidden[:, :seq_len], hidden[:, seq_len:]
+    return split_loss(
+        x_t, x_0, x_0, lm_head, batch.mask_labels, batch.clean_labels, alpha, balance, distill
+    )
+
+
+def split_loss(
+    mask_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    clean_hidden: torch.Tensor,
+    lm_head,
+    mask_labels: torch.Tensor,
+    clean_labels: torch.Tensor,
+    alpha: float,
+    balance: str,
+    distill: float = 0.0,
+) -> LossParts:
     """mask term + w x clean_ce; w = alpha ("fixed") or alpha x mask_ce / clean_ce, detached ("auto").
 
+    `mask_hidden` rows carry `mask_labels`; `teacher_hidden` holds, row for row, the clean
+    row at the same position (the soft target); `clean_hidden` carries `clean_labels`.
     "auto" rescales the clean term to the MASK term's magnitude, so alpha is a ratio of the two.
     The mask term is the data CE, or with `distill` > 0 partly a soft CE against the clean rows
     (see `_mask_term`); `LossParts.mask_ce` always reports the data CE.
     """
-    seq_len = batch.mask_labels.shape[1]
-    mask_term, mask_ce = _mask_term(hidden, lm_head, batch, distill)
+    mask_term, mask_ce = _mask_term(mask_hidden, teacher_hidden, lm_head, mask_labels, distill)
     if alpha == 0:
         return LossParts(mask_term, mask_ce, mask_ce * 0)
-    clean_ce = _ce(hidden[:, seq_len:], lm_head, batch.clean_labels)
+    clean_ce = _ce(clean_hidden, lm_head, clean_labels)
     weight = alpha
     if balance == "auto":
         weight = alpha * (mask_term.detach() / clean_ce.detach().clamp_min(1e-6))

@@ -20,6 +20,9 @@ class PackedData:
     # [num_windows] bool; False = the window trains MASK rows only, never the clean (AR) rows
     # (the model's own rollouts: see rollouts.py). None = every window trains both.
     clean_loss: torch.Tensor | None = None
+    # [num_windows, seq_len] int64: which packed document each token belongs to; attention
+    # never crosses documents (-1 = padding). None = one stream, attention crosses documents.
+    doc_ids: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -29,6 +32,36 @@ class PackedData:
         if self.clean_loss is None:
             return torch.ones(idx.shape[0], dtype=torch.bool)
         return self.clean_loss[idx]
+
+    def doc_rows(self, idx: torch.Tensor) -> torch.Tensor | None:
+        """Document ids of the windows `idx` (None when attention may cross documents)."""
+        return None if self.doc_ids is None else self.doc_ids[idx]
+
+    def select(self, idx: torch.Tensor) -> PackedData:
+        return PackedData(
+            self.input_ids[idx],
+            self.loss_mask[idx],
+            self.clean_rows(idx),
+            self.doc_rows(idx),
+        )
+
+
+def concat(parts: list[PackedData]) -> PackedData:
+    """Windows of several sets, in order; a set without document ids is one document per window
+    (which is what its attention did: windows never see each other)."""
+    if any(p.doc_ids is not None for p in parts):
+        docs = [
+            p.doc_ids if p.doc_ids is not None else torch.zeros_like(p.input_ids) for p in parts
+        ]
+        doc_ids = torch.cat(docs)
+    else:
+        doc_ids = None
+    return PackedData(
+        torch.cat([p.input_ids for p in parts]),
+        torch.cat([p.loss_mask for p in parts]),
+        torch.cat([p.clean_rows(torch.arange(len(p))) for p in parts]),
+        doc_ids,
+    )
 
     @property
     def num_tokens(self) -> int:

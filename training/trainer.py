@@ -22,10 +22,12 @@ from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_mean
 from .packing import PackedData, batch_indices
 
-# step_fn(step, input_ids, loss_mask, clean_loss) -> (loss to backprop, metrics to log);
-# clean_loss [B] bool: may the window's clean (AR) rows carry a loss (PackedData.clean_loss)
+# step_fn(step, input_ids, loss_mask, clean_loss, doc_ids) -> (loss to backprop, metrics);
+# clean_loss [B] bool: may the window's clean (AR) rows carry a loss (PackedData.clean_loss);
+# doc_ids [B, L] or None: documents packed in a window never attend to each other
 StepFn = Callable[
-    [int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, float]]
+    [int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    tuple[torch.Tensor, dict[str, float]],
 ]
 
 
@@ -79,6 +81,22 @@ def _load_ckpt(ckpt_dir: Path, model, opt) -> int:
     return int(state["step"])
 
 
+def _save_snapshot(folder: Path, model, step: int, seconds: float) -> None:
+    """The trainable state at `step`, kept after the run (a point of a quality-vs-time curve)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {"step": step, "seconds": round(seconds, 3), "params": _trainable_state(model)}
+    torch.save(state, folder / f"step{step:06d}.pt")
+
+
+def _logged_seconds(path: Path, start: int) -> float:
+    """Training seconds before a resume (from the log), so `seconds` counts the whole run."""
+    if not start or not path.is_file():
+        return 0.0
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    recs = [r for r in recs if r["step"] <= start and "seconds" in r]
+    return float(recs[-1]["seconds"]) if recs else 0.0
+
+
 def _open_log(path: Path, start: int):
     """Append after a resume, dropping records past the checkpoint (they will be redone)."""
     kept = []
@@ -123,6 +141,7 @@ def train(
     model.train()
     last: dict[str, float] = {}
     t0, tokens = time.time(), 0
+    seconds_before = _logged_seconds(work_dir / "train_log.jsonl", start)
     for step in bar:
         lr = cfg.lr * lr_factor(step, cfg)
         for group in opt.param_groups:
@@ -133,11 +152,20 @@ def train(
         bar.set_postfix({k: f"{v:.3f}" for k, v in last.items()}, refresh=False)
         done = step + 1
         if log and (done % cfg.log_every == 0 or done == cfg.steps):
-            rec = {"step": done, "lr": lr, "tok_per_s": tokens / (time.time() - t0), **last}
+            elapsed = time.time() - t0
+            rec = {
+                "step": done,
+                "lr": lr,
+                "tok_per_s": tokens / elapsed,
+                "seconds": round(seconds_before + elapsed, 1),
+                **last,
+            }
             log.write(json.dumps(rec) + "\n")
             log.flush()
         if dist.is_main and cfg.ckpt_every and done % cfg.ckpt_every == 0 and done < cfg.steps:
             _save_ckpt(ckpt_dir, model, opt, done)
+        if dist.is_main and cfg.snapshot_every and done % cfg.snapshot_every == 0:
+            _save_snapshot(work_dir / "snapshots", model, done, seconds_before + time.time() - t0)
     if log:
         log.close()
     model.eval()
@@ -152,8 +180,10 @@ def _one_step(model, data, step_fn, cfg, step, opt, dist) -> dict[str, float]:
         ids = data.input_ids[idx].to(dist.device)
         mask = data.loss_mask[idx].to(dist.device)
         clean = data.clean_rows(idx).to(dist.device)
+        docs = data.doc_rows(idx)
+        docs = docs.to(dist.device) if docs is not None else None
         with _autocast(cfg, dist.device):
-            loss, metrics = step_fn(step, ids, mask, clean)
+            loss, metrics = step_fn(step, ids, mask, clean, docs)
         (loss / cfg.grad_accum).backward()
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + v / cfg.grad_accum

@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny random Qwen3 + tokenizer, and one tiny demo build per session."""
+"""Shared fixtures: a tiny random Qwen3 / Llama + tokenizer, and one tiny demo build per session."""
 
 from __future__ import annotations
 
@@ -40,13 +40,38 @@ def mask_id(tiny_tokenizer) -> int:
     return tiny_tokenizer.convert_tokens_to_ids(MASK_TOKEN)
 
 
-@pytest.fixture()
-def tiny_model(tiny_tokenizer):
-    """A random fp32 Qwen3 (2 layers, hidden 64); random init is enough for exactness tests."""
-    model = build_model(
-        TINY_SHAPE, tiny_tokenizer.eos_token_id, tiny_tokenizer.pad_token_id, seed=0
+def tiny_llama(shape: ModelShape, eos_token_id: int, seed: int):
+    """The Llama twin of `build_model` (the family of SmolLM2 and other imported bases)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=shape.max_position_embeddings,
+        tie_word_embeddings=shape.tie_word_embeddings,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+        bos_token_id=None,
     )
-    return model.eval()
+    model = LlamaForCausalLM(config)
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+@pytest.fixture(params=["qwen3", "llama"])
+def tiny_model(request, tiny_tokenizer):
+    """A random fp32 model (2 layers, hidden 64) of each supported family; random init is
+    enough for exactness tests."""
+    eos = tiny_tokenizer.eos_token_id
+    if request.param == "llama":
+        return tiny_llama(TINY_SHAPE, eos, seed=0).eval()
+    return build_model(TINY_SHAPE, eos, tiny_tokenizer.pad_token_id, seed=0).eval()
 
 
 @pytest.fixture(scope="session")

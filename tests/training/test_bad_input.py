@@ -42,12 +42,12 @@ def test_bad_head_dim_and_heads():
 
 
 def test_unconvertible_architecture(tmp_path, tiny_base_dir):
-    base = tmp_path / "llama"
+    base = tmp_path / "gpt2"
     base.mkdir()
     cfg = json.loads((tiny_base_dir / "config.json").read_text())
-    cfg["model_type"] = "llama"
+    cfg["model_type"] = "gpt2"
     (base / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="model_type 'llama' cannot be converted"):
+    with pytest.raises(ValueError, match="model_type 'gpt2' cannot be converted"):
         convert(
             base,
             [],

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from idlm_training.block_mask import dense_mask
+from idlm_training.modeling import hidden_states
+from idlm_training.objective import build_idlm_batch
 
 
 def brute_force(seq_len: int, block: int) -> torch.Tensor:
@@ -44,3 +46,28 @@ def test_hand_case_stride_3_length_4():
 
 def test_every_row_attends_somewhere():
     assert dense_mask(13, 3)[0, 0].any(dim=1).all()
+
+
+def test_model_attends_exactly_where_the_mask_allows(tiny_model, mask_id):
+    """Each family's HF class must take the 4D mask as given: a later x_0 token (a key past
+    the query's index) reaches a MASK row of the next block, a token the rules hide does not,
+    and the clean half is the plain causal forward. Fails if the class ANDs in a causal mask."""
+    seq_len, block = 8, 3  # blocks {0,1,2} {3,4,5} {6,7}
+    ids = torch.randint(mask_id + 1, 300, (1, seq_len), generator=torch.Generator().manual_seed(0))
+    loss_mask = torch.ones_like(ids, dtype=torch.bool)
+    mask = dense_mask(seq_len, block)
+
+    def hidden(x0):
+        batch = build_idlm_batch(x0, loss_mask, mask_id)
+        with torch.no_grad():
+            return hidden_states(tiny_model, batch.input_ids, batch.position_ids, mask)[0]
+
+    base = hidden(ids)
+    with torch.no_grad():
+        plain = hidden_states(tiny_model, ids)[0]
+    torch.testing.assert_close(base[seq_len:], plain, atol=1e-5, rtol=1e-5)
+    changed = ids.clone()
+    changed[0, 4] = 299 if changed[0, 4] != 299 else 298  # clean position 4, block 1
+    moved = (hidden(changed) - base).abs().amax(-1)
+    assert moved[6] > 0 and moved[7] > 0  # MASK rows of block 2 see clean 0..5
+    assert float(moved[:6].max()) == 0.0  # MASK rows of blocks 0-1 never see clean 4

@@ -11,6 +11,7 @@ from idlm_training.config import LoraConfig
 from idlm_training.export import load_gated_lora, save_gated_lora, save_idlm_checkpoint
 from idlm_training.gated_lora import attach_gated_lora
 from idlm_training.tokenizer import MASK_TOKEN
+from vllm_idlm.config import architecture_for
 
 
 def test_idlm_checkpoint_round_trip(tmp_path, tiny_model, tiny_tokenizer, mask_id):
@@ -18,7 +19,10 @@ def test_idlm_checkpoint_round_trip(tmp_path, tiny_model, tiny_tokenizer, mask_i
         tiny_model, tiny_tokenizer, tmp_path / "idlm", mask_id, (2, 3, 4), {"name": "t"}
     )
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["model_type"] == "qwen3" and cfg["architectures"] == ["IdlmForCausalLM"]
+    assert cfg["model_type"] == tiny_model.config.model_type
+    # The family's vLLM class, resolved without trust_remote_code (Qwen3 / Llama I-DLMs).
+    assert cfg["architectures"] == [architecture_for(cfg["model_type"])]
+    assert cfg["architectures"][0] in {"IdlmForCausalLM", "IdlmLlamaForCausalLM"}
     assert cfg["mask_token_id"] == mask_id
     assert cfg["idlm"] == {
         "mask_token_id": mask_id,

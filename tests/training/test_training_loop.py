@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import torch
 
@@ -54,3 +55,24 @@ def test_stride_curriculum_stages():
     cfg = ConvertConfig(strides=(2, 3, 4), stage_fractions=(1, 1, 2))
     assert stage_ends(cfg, 8) == [2, 4, 8]
     assert [stride_at(s, cfg, 8) for s in range(8)] == [2, 2, 3, 3, 4, 4, 4, 4]
+
+
+def test_snapshots_keep_the_trainable_state_and_training_seconds(tmp_path, tiny_tokenizer, mask_id):
+    """Points of an acceptance-vs-training-time curve: kept after the run, with the seconds."""
+    cfg = TrainConfig(
+        steps=4,
+        batch_size=2,
+        seq_len=16,
+        warmup_steps=1,
+        ckpt_every=0,
+        snapshot_every=2,
+        log_every=2,
+    )
+    model = _run(tiny_tokenizer, mask_id, cfg, tmp_path)
+    snaps = sorted((tmp_path / "snapshots").glob("*.pt"))
+    assert [p.name for p in snaps] == ["step000002.pt", "step000004.pt"]
+    last = torch.load(snaps[-1], weights_only=True)
+    assert last["step"] == 4 and last["seconds"] > 0
+    assert all(torch.equal(last["params"][n], p) for n, p in model.named_parameters())
+    log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [2, 4] and log[0]["seconds"] <= log[1]["seconds"]
