@@ -12,7 +12,7 @@ EXTRAS := $(BUILD),train,dev
 STAMP := $(VENV)/.installed-$(BUILD)-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 export IDLM_DEMO_DIR ?= $(HOME)/.cache/vllm-idlm/demo
 
-.PHONY: venv demo-models demo test lint clean
+.PHONY: venv demo-models demo demo-tiny smollm2-recipes test lint clean
 
 venv: $(STAMP)
 
@@ -31,8 +31,20 @@ $(STAMP): pyproject.toml
 demo-models: venv
 	$(BIN)/idlm-train demo --out $(IDLM_DEMO_DIR)
 
-demo: demo-models
-	$(BIN)/python examples/demo.py --models $(IDLM_DEMO_DIR)
+# The real model (SmolLM2-135M-Instruct) with the short adapter recipe: about 20 min on a
+# fresh 2-core machine, most of it building the adapter once.
+demo: venv
+	$(BIN)/python examples/demo.py
+
+# The embedded 3.6M demo models the tests use (code completion, not prose).
+demo-tiny: demo-models
+	$(BIN)/python examples/demo_tiny.py --models $(IDLM_DEMO_DIR)
+
+# The full real-model recipes (up to an hour each here) and their benchmark.
+smollm2-recipes: venv
+	$(BIN)/idlm-train build --recipe smollm2_lora --out $(HOME)/.cache/vllm-idlm/smollm2
+	$(BIN)/idlm-train build --recipe smollm2_convert --out $(HOME)/.cache/vllm-idlm/smollm2
+	$(BIN)/python benchmarks/chat_bench.py --out results/chat_bench.csv
 
 lint: venv
 	$(BIN)/ruff check .

@@ -1,4 +1,4 @@
-"""The main job (`make demo`): ISD through vLLM on the embedded demo models.
+"""`make demo-tiny`: ISD through vLLM on the embedded 3.6M demo models (code, not prose).
 
 Runs the same held-out prompts through plain decoding, ISD on the demo I-DLM, and
 lossless ISD (demo base + gated adapter), and prints tokens per forward, acceptance
