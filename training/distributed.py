@@ -58,8 +58,13 @@ def shard(model, info: DistInfo, bf16: bool):
     )
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=policy)
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    if tied:
+        # One unit for the shared matrix, gathered whenever either module runs: as separate
+        # units the head kept the plain (unsharded) parameter and the tie broke.
+        fully_shard([model.model.embed_tokens, model.lm_head], mp_policy=policy)
     fully_shard(model.model, mp_policy=policy)
-    if not model.config.tie_word_embeddings:
+    if not tied:
         fully_shard(model.lm_head, mp_policy=policy)
     return model
 

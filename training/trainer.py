@@ -56,29 +56,97 @@ def _trainable_state(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def _save_ckpt(ckpt_dir: Path, model, opt, step: int) -> None:
+def _local(value):
+    """This rank's shard of an FSDP2 (DTensor) tensor; a plain tensor as it is."""
+    return value.to_local() if hasattr(value, "to_local") else value
+
+
+def _to_local(tree):
+    if isinstance(tree, torch.Tensor):
+        return _local(tree).detach().clone()
+    if isinstance(tree, dict):
+        return {k: _to_local(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_to_local(v) for v in tree)
+    return tree
+
+
+def ckpt_file(ckpt_dir: Path, dist: DistInfo) -> Path:
+    """One file per rank when sharded (each holds its own shards and optimizer state)."""
+    return ckpt_dir / ("state.pt" if dist.world_size == 1 else f"state-rank{dist.rank}.pt")
+
+
+def _barrier(dist: DistInfo) -> None:
+    if dist.world_size > 1:
+        import torch.distributed
+
+        torch.distributed.barrier()
+
+
+def _save_ckpt(ckpt_dir: Path, model, opt, step: int, dist: DistInfo) -> None:
+    """Every rank writes its file into a fresh folder that then replaces the old one."""
     tmp = ckpt_dir.with_suffix(".tmp")
+    if _renames(dist):
+        shutil.rmtree(tmp, ignore_errors=True)
+    _barrier(dist)
     tmp.mkdir(parents=True, exist_ok=True)
-    torch.save(
-        {"step": step, "params": _trainable_state(model), "optim": opt.state_dict()},
-        tmp / "state.pt",
-    )
-    if ckpt_dir.exists():
-        shutil.rmtree(ckpt_dir)
-    tmp.rename(ckpt_dir)
+    params = {n: _local(p).detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    state = {"step": step, "params": params, "optim": _to_local(opt.state_dict())}
+    torch.save(state, ckpt_file(tmp, dist))
+    _barrier(dist)
+    if _renames(dist):
+        if ckpt_dir.exists():
+            shutil.rmtree(ckpt_dir)
+        tmp.rename(ckpt_dir)
+    _barrier(dist)
 
 
-def _load_ckpt(ckpt_dir: Path, model, opt) -> int:
-    state_file = ckpt_dir / "state.pt"
+def _renames(dist: DistInfo) -> bool:
+    """The process that swaps the folder: one per machine (ranks of a machine share it)."""
+    import os
+
+    return int(os.environ.get("LOCAL_RANK", dist.rank)) == 0
+
+
+def _load_ckpt(ckpt_dir: Path, model, opt, dist: DistInfo) -> int:
+    state_file = ckpt_file(ckpt_dir, dist)
     if not state_file.is_file():
         return 0
     state = torch.load(state_file, map_location="cpu", weights_only=True)
     named = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in state["params"].items():
-            named[name].copy_(value)
+            _local(named[name]).copy_(value)
     opt.load_state_dict(state["optim"])
+    _reshard_optimizer_state(opt)
     return int(state["step"])
+
+
+def _reshard_optimizer_state(opt) -> None:
+    """Per-parameter optimizer tensors loaded as local shards become DTensors again, laid out
+    like their (FSDP2-sharded) parameter."""
+    for group in opt.param_groups:
+        for param in group["params"]:
+            if not hasattr(param, "to_local"):
+                continue
+            from torch.distributed.tensor import DTensor
+
+            for key, value in opt.state.get(param, {}).items():
+                plain = isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
+                if plain and value.ndim > 0 and value.shape == param.to_local().shape:
+                    opt.state[param][key] = DTensor.from_local(
+                        value,
+                        param.device_mesh,
+                        param.placements,
+                        run_check=False,
+                        shape=param.shape,
+                        stride=param.stride(),
+                    )
+
+
+# Called on every rank after each resume checkpoint: hook(step, ckpt_dir, dist). Ray Train's
+# driver (ray_train.py) reports the checkpoint to Ray's storage through one.
+CHECKPOINT_HOOKS: list[Callable[[int, Path, DistInfo], None]] = []
 
 
 def _save_snapshot(folder: Path, model, step: int, seconds: float) -> None:
@@ -128,7 +196,7 @@ def train(
     torch.manual_seed(cfg.seed)
     opt = make_optimizer(model, cfg)
     ckpt_dir = work_dir / "ckpt"
-    start = _load_ckpt(ckpt_dir, model, opt)
+    start = _load_ckpt(ckpt_dir, model, opt, dist)
     log = _open_log(work_dir / "train_log.jsonl", start) if dist.is_main else None
     bar = tqdm(
         range(start, cfg.steps),
@@ -162,8 +230,10 @@ def train(
             }
             log.write(json.dumps(rec) + "\n")
             log.flush()
-        if dist.is_main and cfg.ckpt_every and done % cfg.ckpt_every == 0 and done < cfg.steps:
-            _save_ckpt(ckpt_dir, model, opt, done)
+        if cfg.ckpt_every and done % cfg.ckpt_every == 0 and done < cfg.steps:
+            _save_ckpt(ckpt_dir, model, opt, done, dist)
+            for hook in CHECKPOINT_HOOKS:
+                hook(done, ckpt_dir, dist)
         if dist.is_main and cfg.snapshot_every and done % cfg.snapshot_every == 0:
             _save_snapshot(work_dir / "snapshots", model, done, seconds_before + time.time() - t0)
     if log:
