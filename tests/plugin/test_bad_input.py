@@ -48,6 +48,16 @@ def test_more_drafts_than_vllm_can_schedule_is_an_error(demo_models, llm_factory
         pass
 
 
+@pytest.mark.parametrize("parallel", ["tensor_parallel_size", "pipeline_parallel_size"])
+def test_lossless_mode_refuses_parallel_engines_before_starting(demo_models, llm_factory, parallel):
+    spec = {"draft_lora": str(demo_models["lora"])}
+    with (
+        pytest.raises(ValueError, match=r"draft_lora \(lossless mode\) supports tensor_par"),
+        llm_factory(demo_models["base"], 2, spec, **{parallel: 2}),
+    ):
+        pass
+
+
 def test_a_stride_the_checkpoint_was_not_trained_for_warns(demo_models, tmp_path):
     from vllm_idlm.config import read_checkpoint_facts
 

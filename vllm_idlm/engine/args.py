@@ -115,9 +115,14 @@ def resolve(vllm_config, options: IsdOptions) -> None:
 
         from vllm_idlm.gated_lora import check_adapter, load_adapter
 
-        if vllm_config.parallel_config.tensor_parallel_size > 1:
+        parallel = vllm_config.parallel_config
+        if parallel.tensor_parallel_size > 1 or parallel.pipeline_parallel_size > 1:
+            # The gated layers hold whole (unsharded) adapter matrices and walk every decoder
+            # layer: see examples/ray/GPU.md for what lifting this takes.
             raise ValueError(
-                "idlm: draft_lora (lossless mode) supports tensor_parallel_size=1 only"
+                "idlm: draft_lora (lossless mode) supports tensor_parallel_size=1 and "
+                f"pipeline_parallel_size=1 only (got {parallel.tensor_parallel_size} and "
+                f"{parallel.pipeline_parallel_size})"
             )
         # The gate lives in the plugin's model classes: a base of another family would be
         # served by vLLM's own class, silently without the adapter.
