@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # CPU build where there is no CUDA driver, GPU build otherwise.
 BUILD ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
-EXTRAS := $(BUILD),train,dev
+EXTRAS := $(BUILD),train,ray,dev
 STAMP := $(VENV)/.installed-$(BUILD)-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 export IDLM_DEMO_DIR ?= $(HOME)/.cache/vllm-idlm/demo
 

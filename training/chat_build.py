@@ -56,9 +56,12 @@ def stage_hashes(recipe: ChatRecipe) -> dict[str, str]:
 
 
 def build_chat(
-    recipe: ChatRecipe, out: Path, log: Callable[[str], None] = print
+    recipe: ChatRecipe, out: Path, log: Callable[[str], None] = print, ray_replicas: int = 0
 ) -> dict[str, Path]:
-    """Build (or reuse) every stage of `recipe` under `out`; returns the models' paths."""
+    """Build (or reuse) every stage of `recipe` under `out`; returns the models' paths.
+
+    `ray_replicas` > 0: the rollouts run through Ray Data with that many vLLM engines on the
+    Ray cluster RAY_ADDRESS names (the same records as the local engine writes)."""
     out = Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     hashes = stage_hashes(recipe)
@@ -74,7 +77,9 @@ def build_chat(
         log,
         _prompts(recipe),
     )
-    pool = _rollouts(base, prompts / "train.jsonl", out, hashes["pool"], recipe, record, log)
+    pool = _rollouts(
+        base, prompts / "train.jsonl", out, hashes["pool"], recipe, record, log, ray_replicas
+    )
     rollouts = _take(pool, recipe.rollouts.count, models / "rollouts.jsonl")
     _link_base(models / "base", base)
     paths = {"base": models / "base"}
@@ -141,7 +146,9 @@ def _prompts(recipe: ChatRecipe):
     return build
 
 
-def _rollouts(base: Path, prompts: Path, out: Path, digest_: str, recipe, record, log) -> Path:
+def _rollouts(
+    base: Path, prompts: Path, out: Path, digest_: str, recipe, record, log, ray_replicas: int = 0
+) -> Path:
     """The rollout pool, holding at least the first `count` answers; generated (or resumed,
     or extended) by the vLLM CLI in a subprocess."""
     cfg = recipe.rollouts
@@ -158,6 +165,8 @@ def _rollouts(base: Path, prompts: Path, out: Path, digest_: str, recipe, record
         "--seed", str(cfg.seed), "--max-num-seqs", str(cfg.max_num_seqs),
         "--kv-cache-gib", str(cfg.kv_cache_gib), "--dtype", cfg.dtype,
     ]  # fmt: skip
+    if ray_replicas > 0:
+        cmd += ["--backend", "ray", "--replicas", str(ray_replicas)]
     if not _has_cuda():
         cmd.append("--eager")  # CPU: torch.compile costs ~2 min at start and gains ~2%
     log(f"rollouts: {cfg.count} answers by vLLM -> {path}")

@@ -67,19 +67,37 @@ class RolloutSpec:
         return self.seed * 1_000_003 + index
 
 
-def sampling_params(spec: RolloutSpec, index: int, mask_token_id: int):
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
+def sampling_fields(spec: RolloutSpec, index: int, mask_token_id: int) -> dict[str, Any]:
+    """vLLM `SamplingParams` fields of prompt `index` (plain dict: it also travels to Ray)."""
     temp = spec.temperature(index)
-    return SamplingParams(
+    return dict(
         temperature=temp,
         max_tokens=spec.max_tokens,
         seed=spec.request_seed(index) if temp > 0 else None,
         logit_bias={mask_token_id: BANNED_BIAS},
-        output_kind=RequestOutputKind.FINAL_ONLY,
         detokenize=False,  # token ids are the product; text would cost front-end CPU
     )
+
+
+def sampling_params(spec: RolloutSpec, index: int, mask_token_id: int):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    fields = sampling_fields(spec, index, mask_token_id)
+    return SamplingParams(**fields, output_kind=RequestOutputKind.FINAL_ONLY)
+
+
+def _record(spec: RolloutSpec, index: int, prompt_ids, completion_ids, finish_reason):
+    temp = spec.temperature(index)
+    return {
+        "index": index,
+        "prompt_ids": [int(t) for t in prompt_ids],
+        "completion_ids": [int(t) for t in completion_ids],
+        "greedy": temp == 0,
+        "temperature": temp,
+        "seed": spec.request_seed(index) if temp > 0 else None,
+        "finish_reason": finish_reason,
+    }
 
 
 def generate_rollouts(
@@ -114,21 +132,80 @@ def generate_rollouts(
             if not out.finished:
                 continue
             index = int(out.request_id)
-            temp = spec.temperature(index)
-            record = {
-                "index": index,
-                "prompt_ids": list(out.prompt_token_ids),
-                "completion_ids": list(out.outputs[0].token_ids),
-                "greedy": temp == 0,
-                "temperature": temp,
-                "seed": spec.request_seed(index) if temp > 0 else None,
-                "finish_reason": out.outputs[0].finish_reason,
-            }
+            first = out.outputs[0]
+            record = _record(
+                spec, index, out.prompt_token_ids, first.token_ids, first.finish_reason
+            )
             records.append(record)
             if on_record is not None:
                 on_record(record)
             if progress is not None:
                 progress.update(1)
+    return records
+
+
+def generate_rollouts_ray(
+    model: str,
+    prompts: Sequence[Sequence[int]],
+    indices: Sequence[int],
+    spec: RolloutSpec,
+    mask_token_id: int,
+    replicas: int = 1,
+    engine_kwargs: dict[str, Any] | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    progress: Any = None,
+) -> list[dict[str, Any]]:
+    """`generate_rollouts` at scale: the same requests through Ray Data's vLLM processor,
+    `replicas` engines over the connected Ray cluster (`ray.init` is the caller's).
+
+    Records are the same; they stream back as Ray's blocks complete. Ray's output has no
+    finish reason, so it is derived: "length" when `max_tokens` were written, else "stop".
+    """
+    import ray
+
+    from vllm_idlm.on_ray.data import build_processor
+
+    if len(prompts) != len(indices):
+        raise ValueError(f"{len(prompts)} prompts but {len(indices)} indices")
+    rows = []
+    for prompt, index in zip(prompts, indices, strict=True):
+        if mask_token_id in prompt:
+            raise ValueError(f"prompt {index} contains the MASK token {mask_token_id}")
+        rows.append({"index": int(index), "prompt_ids": [int(t) for t in prompt]})
+
+    def pre(row: dict[str, Any]) -> dict[str, Any]:
+        index = int(row["index"])
+        ids = [int(t) for t in row["prompt_ids"]]
+        return {
+            "index": index,
+            "prompt_ids": ids,  # a column of ours: it passes through the engine stage
+            "tokenized_prompt": ids,
+            "sampling_params": sampling_fields(spec, index, mask_token_id),
+        }
+
+    def post(row: dict[str, Any]) -> dict[str, Any]:
+        completion = [int(t) for t in row["generated_tokens"]]
+        reason = "length" if len(completion) >= spec.max_tokens else "stop"
+        return _record(spec, int(row["index"]), row["prompt_ids"], completion, reason)
+
+    processor = build_processor(
+        model,
+        num_drafts=None,
+        replicas=replicas,
+        engine_kwargs=engine_kwargs,
+        preprocess=pre,
+        postprocess=post,
+    )
+    records = []
+    for row in processor(ray.data.from_items(rows)).iter_rows():
+        record = _record(
+            spec, row["index"], row["prompt_ids"], row["completion_ids"], row["finish_reason"]
+        )
+        records.append(record)
+        if on_record is not None:
+            on_record(record)
+        if progress is not None:
+            progress.update(1)
     return records
 
 
@@ -212,14 +289,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() and done else {}
     if todo:
         longest = max(len(prompts[i]) for i in todo) + spec.max_tokens
-        llm = open_engine(
-            args.model,
-            args.max_num_seqs,
-            args.kv_cache_gib,
-            longest,
-            args.dtype,
-            enforce_eager=args.eager,
-        )
         bar = tqdm(total=count, initial=count - len(todo), desc="rollouts", unit="req")
         start = time.perf_counter()
         with _open_append(out, list(done.values())) as sink:
@@ -228,17 +297,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 sink.write(json.dumps(record) + "\n")
                 sink.flush()
 
-            new = generate_rollouts(
-                llm, [prompts[i] for i in todo], todo, spec, mask_id, write, bar
-            )
+            todo_prompts = [prompts[i] for i in todo]
+            if args.backend == "ray":
+                new = _ray_rollouts(args, todo_prompts, todo, spec, mask_id, longest, write, bar)
+            else:
+                llm = open_engine(
+                    args.model,
+                    args.max_num_seqs,
+                    args.kv_cache_gib,
+                    longest,
+                    args.dtype,
+                    enforce_eager=args.eager,
+                )
+                new = generate_rollouts(llm, todo_prompts, todo, spec, mask_id, write, bar)
+                llm.llm_engine.engine_core.shutdown()
         seconds = time.perf_counter() - start
         bar.close()
-        llm.llm_engine.engine_core.shutdown()
         tokens = sum(len(r["completion_ids"]) for r in new)
         meta = {
             "tokens": meta.get("tokens", 0) + tokens,
             "seconds": round(meta.get("seconds", 0.0) + seconds, 1),
             "max_num_seqs": args.max_num_seqs,
+            "backend": args.backend,
+            "replicas": args.replicas if args.backend == "ray" else 1,
         }
         print(
             f"rollouts: {len(new)} requests, {tokens} tokens in {seconds:.0f}s "
@@ -261,6 +342,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return meta
 
 
+def _ray_rollouts(args, prompts, indices, spec, mask_id, longest, write, bar):
+    """The rollouts through Ray Data: `--replicas` engines on the Ray cluster that
+    RAY_ADDRESS names (a local one when unset)."""
+    import ray
+
+    engine_kwargs = dict(
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=longest,
+        kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)),
+        seed=0,
+        enforce_eager=args.eager,
+    )
+    started = not ray.is_initialized()
+    if started:
+        ray.init(include_dashboard=False)
+    try:
+        return generate_rollouts_ray(
+            args.model, prompts, indices, spec, mask_id, args.replicas, engine_kwargs, write, bar
+        )
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m vllm_idlm.rollouts",
@@ -279,6 +385,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-cache-gib", type=float, default=2.0)
     ap.add_argument("--dtype", default="float32", help="engine dtype (float32, bfloat16)")
     ap.add_argument("--eager", action="store_true", help="enforce_eager (no torch.compile)")
+    ap.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="local: one vLLM engine here; ray: Ray Data's vLLM processor (RAY_ADDRESS)",
+    )
+    ap.add_argument("--replicas", type=int, default=1, help="engine replicas (--backend ray)")
     return ap
 
 
