@@ -23,6 +23,7 @@ def _train_overrides(cfg, args):
         "grad_accum": args.grad_accum,
         "precision": args.precision,
         "seed": args.seed,
+        "ckpt_every": args.ckpt_every,
     }
     return dataclasses.replace(cfg, **{k: v for k, v in keys.items() if v is not None})
 
@@ -62,6 +63,7 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
         ("batch-size", int),
         ("grad-accum", int),
         ("seed", int),
+        ("ckpt-every", int),
     ):
         p.add_argument(f"--{name}", type=typ)
     p.add_argument("--precision", choices=["fp32", "bf16"])
@@ -153,6 +155,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", required=True, type=Path, help="cache root; models land in OUT/<recipe name>"
     )
+    p.add_argument(
+        "--ray-replicas",
+        type=int,
+        default=0,
+        help="rollouts through Ray Data with N vLLM engines (RAY_ADDRESS; 0: one local engine)",
+    )
+    from .ray_train import add_parser as add_ray_parser
+
+    add_ray_parser(sub)
     p = sub.add_parser(
         "curve", help="acceptance vs training minutes of a chat recipe's build (its snapshots)"
     )
@@ -212,12 +223,19 @@ def _dispatch(args) -> int:
         for name, path in paths.items():
             print(f"{name}: {path}")
         return 0
+    if args.cmd == "ray":
+        from .ray_train import run_cli
+
+        return run_cli(args)
     if args.cmd == "build":
         from .chat_build import build_chat
         from .chat_recipe import load_chat_recipe
 
         paths = build_chat(
-            load_chat_recipe(args.recipe), args.out, log=lambda m: print(m, file=sys.stderr)
+            load_chat_recipe(args.recipe),
+            args.out,
+            log=lambda m: print(m, file=sys.stderr),
+            ray_replicas=args.ray_replicas,
         )
         for name, path in paths.items():
             print(f"{name}: {path}")
