@@ -1,0 +1,161 @@
+"""Concurrency sweep: plain decoding vs ISD at fixed K, adaptive ISD and vLLM's ngram, offline.
+
+    python benchmarks/sweep.py --models ~/.cache/vllm-idlm/demo --out results/sweep.csv
+    python benchmarks/sweep.py --models ~/.cache/vllm-idlm/demo --lossless   # base + adapter
+
+For each method one engine (max_num_seqs = the largest concurrency); for each concurrency c a
+closed loop keeps c requests in flight over the same held-out prompts (stdlib files never
+trained on), greedy and T=0.7 (seeded per prompt). Writes a CSV (method, temperature,
+concurrency, tok/s, ratio to plain, tokens per forward) and, when matplotlib is installed, a
+PNG next to it with tokens/s and speedup over plain against concurrency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+ENGINE = dict(
+    dtype="float32",
+    max_model_len=512,
+    kv_cache_memory_bytes=1 << 30,
+    disable_log_stats=False,
+    seed=0,
+)
+
+
+def heldout(models: Path, count: int, length: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    from idlm_training.config import load_recipe
+    from idlm_training.corpus import load_corpus
+    from idlm_training.evaluate import make_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(models / "base")
+    _, docs = load_corpus(load_recipe("demo").corpus)
+    return make_prompts(tokenizer, docs, count=count, length=length, seed=1234)
+
+
+def methods(args) -> list[tuple[str, Path, dict | None]]:
+    model = args.models / ("base" if args.lossless else "idlm")
+    extra = {"draft_lora": str(args.models / "lora")} if args.lossless else {}
+    rows: list[tuple[str, Path, dict | None]] = [("plain", args.models / "base", None)]
+    for k in args.k:
+        spec = {"method": "idlm", "num_speculative_tokens": k, **extra}
+        rows.append((f"isd K={k}", model, spec))
+    if args.adaptive:
+        spec = {"method": "idlm", "num_speculative_tokens": max(args.k), "adaptive": True}
+        rows.append((f"adaptive K<={max(args.k)}", model, {**spec, **extra}))
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    ngram.update(prompt_lookup_max=4, prompt_lookup_min=2)
+    rows.append(("ngram K=3", args.models / "base", ngram))
+    return rows
+
+
+def run_method(model, spec, prompts, args) -> list[dict]:
+    from vllm import LLM, SamplingParams
+
+    from vllm_idlm.measure import timed_generate
+
+    llm = LLM(model=str(model), speculative_config=spec, max_num_seqs=max(args.c), **ENGINE)
+    rows = []
+    try:
+        warm = SamplingParams(temperature=0.0, max_tokens=8)
+        timed_generate(llm, prompts[:2], warm, concurrency=2)
+        for t in args.temperature:
+            params = [
+                SamplingParams(temperature=t, max_tokens=args.max_tokens, seed=i if t else None)
+                for i in range(len(prompts))
+            ]
+            for c in args.c:
+                r = timed_generate(llm, prompts, params, concurrency=c)
+                m = r.metrics
+                rows.append(
+                    dict(
+                        temperature=t,
+                        concurrency=c,
+                        tok_s=round(r.tokens_per_second, 1),
+                        tpf=round(m.tokens_per_forward, 3) if m.num_rounds else 1.0,
+                    )
+                )
+                print(rows[-1], file=sys.stderr, flush=True)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    return rows
+
+
+def plot(table: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    temps = sorted({r["temperature"] for r in table})
+    fig, axes = plt.subplots(2, len(temps), figsize=(6 * len(temps), 8), squeeze=False)
+    for j, t in enumerate(temps):
+        for name in dict.fromkeys(r["method"] for r in table):
+            rows = [r for r in table if r["method"] == name and r["temperature"] == t]
+            c = [r["concurrency"] for r in rows]
+            axes[0][j].plot(c, [r["tok_s"] for r in rows], marker="o", label=name)
+            axes[1][j].plot(c, [r["ratio"] for r in rows], marker="o", label=name)
+        for i, label in enumerate(("output tokens/s", "speedup over plain")):
+            axes[i][j].set_xscale("log", base=2)
+            axes[i][j].set_xlabel("concurrency")
+            axes[i][j].set_ylabel(label)
+            axes[i][j].set_title(f"T={t}")
+            axes[i][j].grid(True, alpha=0.3)
+        axes[1][j].axhline(1.0, color="k", lw=0.8)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=Path, default=Path("~/.cache/vllm-idlm/demo"))
+    ap.add_argument("--lossless", action="store_true", help="base + gated adapter as the ISD")
+    ap.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--no-adaptive", dest="adaptive", action="store_false")
+    ap.add_argument("--c", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    ap.add_argument("--temperature", type=float, nargs="+", default=[0.0, 0.7])
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--out", type=Path, default=Path("results/sweep.csv"))
+    args = ap.parse_args()
+    args.models = args.models.expanduser()
+
+    prompts = heldout(args.models, args.prompts, args.prompt_len)
+    table = []
+    for name, model, spec in methods(args):
+        for row in run_method(model, spec, prompts, args):
+            table.append({"method": name, **row})
+    plain = {
+        (r["temperature"], r["concurrency"]): r["tok_s"] for r in table if r["method"] == "plain"
+    }
+    for r in table:
+        r["ratio"] = round(r["tok_s"] / plain[r["temperature"], r["concurrency"]], 3)
+    print(f"\n{len(prompts)} held-out prompts, {args.max_tokens} tokens, closed loop of c clients")
+    header = "".join(f"{c:>8d}" for c in args.c)
+    for t in args.temperature:
+        print(f"\nT={t}: tok/s (ratio to plain) at concurrency\n{'method':18s}{header}")
+        for name in dict.fromkeys(r["method"] for r in table):
+            rows = [r for r in table if r["method"] == name and r["temperature"] == t]
+            print(f"{name:18s}" + "".join(f"{r['tok_s']:8.0f}" for r in rows))
+            print(f"{'':18s}" + "".join(f"{r['ratio']:7.2f}x" for r in rows))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    png = args.out.with_suffix(".png")
+    print(f"\n{args.out}" + (f", {png}" if plot(table, png) else " (no matplotlib: no PNG)"))
+
+
+if __name__ == "__main__":
+    main()
