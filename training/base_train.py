@@ -44,6 +44,12 @@ def train_base(
 ) -> Path:
     """Train the tokenizer and the AR model; the MASK id is reserved but never seen here."""
     dist = setup()
+    if dist.world_size > 1:
+        # The tiny demo base is not sharded: each rank would train (and save) its own copy.
+        raise ValueError(
+            f"the base stage runs in one process (got WORLD_SIZE={dist.world_size}); "
+            "data-parallel training is the convert stage's (FSDP)"
+        )
     tokenizer = build_tokenizer(train_docs, tok_cfg, shape)
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
     data = pack_documents(tokenizer, train_docs, cfg.seq_len, cfg.max_tokens)

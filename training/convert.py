@@ -122,6 +122,12 @@ def train_lora(
 ) -> Path:
     """Gated LoRA over the frozen base, MASK-row loss only; exports PEFT files + gate metadata."""
     dist = setup()
+    if dist.world_size > 1:
+        # Nothing would all-reduce the adapter's gradients: each rank would train its own.
+        raise ValueError(
+            f"the lora stage runs in one process (got WORLD_SIZE={dist.world_size}); "
+            "data-parallel training is the convert / base stages' (FSDP)"
+        )
     model, tokenizer, mask_id = _prepare(base_path, ccfg, tcfg)
     data = _training_data(model, tokenizer, train_docs, ccfg, tcfg, mask_id, dist)
     adapter = attach_gated_lora(model, lcfg, mask_id)

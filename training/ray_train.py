@@ -6,7 +6,9 @@
 Ray Train's `TorchTrainer` starts one worker per rank and sets up the process group (gloo
 without GPUs, NCCL with them) and torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...)
 before our function runs, so each worker simply runs the stage's command line: the code path
-is the one `torchrun -m idlm_training.cli ...` takes. What Ray adds here:
+is the one `torchrun -m idlm_training.cli ...` takes (data-parallel FSDP2: the `convert` stage;
+`base` and `lora` refuse more than one process with an error, nothing would sync their
+gradients). What Ray adds here:
 
 - every resume checkpoint of the trainer (each rank's shards and optimizer state) is reported
   to Ray's storage path, and a restarted or resumed run (same `--storage` and `--name`)

@@ -146,3 +146,14 @@ def test_torchrun_result_is_an_idlm_that_decodes_exactly(torchrun_model, heldout
             del llm
             gc.collect()
     assert outs[True] == outs[False]
+
+
+def test_stages_without_data_parallelism_refuse_two_processes(demo_models, tmp_path):
+    """`lora` would train one adapter per rank (nothing syncs its gradients): a clear error."""
+    argv = _argv(demo_models["base"], tmp_path / "lora")
+    argv[0] = "lora"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += ["-m", "idlm_training.cli", *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "the lora stage runs in one process (got WORLD_SIZE=2)" in proc.stderr
