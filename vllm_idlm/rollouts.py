@@ -136,12 +136,16 @@ def generate_rollouts(
             record = _record(
                 spec, index, out.prompt_token_ids, first.token_ids, first.finish_reason
             )
-            records.append(record)
-            if on_record is not None:
-                on_record(record)
-            if progress is not None:
-                progress.update(1)
+            _deliver(record, records, on_record, progress)
     return records
+
+
+def _deliver(record, records: list, on_record, progress) -> None:
+    records.append(record)
+    if on_record is not None:
+        on_record(record)
+    if progress is not None:
+        progress.update(1)
 
 
 def generate_rollouts_ray(
@@ -201,11 +205,7 @@ def generate_rollouts_ray(
         record = _record(
             spec, row["index"], row["prompt_ids"], row["completion_ids"], row["finish_reason"]
         )
-        records.append(record)
-        if on_record is not None:
-            on_record(record)
-        if progress is not None:
-            progress.update(1)
+        _deliver(record, records, on_record, progress)
     return records
 
 
