@@ -172,6 +172,7 @@ def _open_log(path: Path, start: int):
         kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= start]
     log = path.open("w")
     log.writelines(line + "\n" for line in kept)
+    log.flush()  # read back at once for the seconds before the resume
     return log
 
 

@@ -76,3 +76,17 @@ def test_snapshots_keep_the_trainable_state_and_training_seconds(tmp_path, tiny_
     assert all(torch.equal(last["params"][n], p) for n, p in model.named_parameters())
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [2, 4] and log[0]["seconds"] <= log[1]["seconds"]
+
+
+def test_seconds_continue_across_a_resume(tmp_path, tiny_tokenizer, mask_id):
+    """A resumed run counts the training time logged before it (the curve's minutes)."""
+    cfg = TrainConfig(steps=4, batch_size=2, seq_len=16, warmup_steps=1, ckpt_every=2, log_every=2)
+    _run(tiny_tokenizer, mask_id, cfg, tmp_path)
+    path = tmp_path / "train_log.jsonl"
+    log = [json.loads(line) for line in path.read_text().splitlines()]
+    log[0]["seconds"] = 1000.0  # as if the first two steps had taken that long
+    path.write_text("".join(json.dumps(r) + "\n" for r in log))
+    _run(tiny_tokenizer, mask_id, cfg, tmp_path)  # resumes from the step-2 checkpoint
+    log = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in log] == [2, 4]
+    assert log[0]["seconds"] == 1000.0 and log[1]["seconds"] > 1000.0
