@@ -39,7 +39,7 @@ def _stage_paths(argv: list[str]) -> tuple[Path, Path]:
     return Path(args.out), Path(work)
 
 
-def _restore(work: Path, dist_rank: int, local_rank: int) -> int | None:
+def _restore(work: Path, dist_rank: int) -> int | None:
     """Copy this rank's file of Ray's latest checkpoint into work/ckpt; the step, or None."""
     import ray.train
     import torch
@@ -92,13 +92,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     from .cli import main
 
     context = ray.train.get_context()
-    rank, local_rank = context.get_world_rank(), context.get_local_rank()
+    rank = context.get_world_rank()
     out, work = _stage_paths(config["argv"])
     if config.get("threads"):
         import torch
 
         torch.set_num_threads(int(config["threads"]))
-    step = _restore(work, rank, local_rank)
+    step = _restore(work, rank)
     if dist_mod.is_initialized():
         dist_mod.barrier()
     if step is not None and rank == 0:
