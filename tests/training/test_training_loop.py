@@ -89,4 +89,5 @@ def test_seconds_continue_across_a_resume(tmp_path, tiny_tokenizer, mask_id):
     _run(tiny_tokenizer, mask_id, cfg, tmp_path)  # resumes from the step-2 checkpoint
     log = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["step"] for r in log] == [2, 4]
-    assert log[0]["seconds"] == 1000.0 and log[1]["seconds"] > 1000.0
+    # (two tiny steps can take under the log's 0.1 s resolution)
+    assert log[0]["seconds"] == 1000.0 and log[1]["seconds"] >= 1000.0
