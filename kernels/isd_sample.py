@@ -23,6 +23,7 @@ the two agree whenever the boundary value is unique, i.e. almost surely for real
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -184,6 +185,44 @@ def check_draft_probs(draft_probs: Tensor, num_draft_tokens: Tensor, temperature
         raise ValueError("draft_probs is empty but a random request has drafts")
 
 
+# Rows of [R, V] temporaries processed at once: bounds the reference path's extra memory
+# (a [256, 151936] fp32 chunk is 148 MB) whatever the batch.
+_CHUNK_ROWS = 256
+
+
+def _argmax_without(logits: Tensor, token_id: int) -> Tensor:
+    """argmax of every row with ``token_id`` excluded, without copying the logits."""
+    ids = logits.argmax(dim=-1)
+    hit = torch.nonzero(ids == token_id).flatten()
+    if hit.numel():
+        rows = logits[hit].clone()
+        rows[:, token_id] = float("-inf")
+        ids[hit] = rows.argmax(dim=-1)
+    return ids
+
+
+def _probs_of_rows(
+    logits: Tensor, rows: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, mask_id: int
+) -> Tensor:
+    """``target_probs`` of the given rows only ([len(rows), V]), built chunk by chunk."""
+    out = torch.empty(rows.numel(), logits.shape[-1], dtype=torch.float32, device=logits.device)
+    for start in range(0, rows.numel(), _CHUNK_ROWS):
+        idx = rows[start : start + _CHUNK_ROWS]
+        out[start : start + idx.numel()] = target_probs(
+            logits[idx], temperature[idx], top_k[idx], top_p[idx], mask_id
+        )
+    return out
+
+
+def _race(probs: Tensor, noise: Tensor) -> Tensor:
+    """``argmax(probs / noise)`` per row (an exponential race: a sample of each row)."""
+    ids = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
+    for start in range(0, probs.shape[0], _CHUNK_ROWS):
+        end = start + _CHUNK_ROWS
+        ids[start:end] = (probs[start:end] / noise[start:end]).argmax(dim=-1)
+    return ids
+
+
 def isd_verify_and_draft_ref(
     logits: Tensor,
     draft_token_ids: Tensor,
@@ -201,93 +240,118 @@ def isd_verify_and_draft_ref(
     """Verify every request's drafts and sample the next drafts (pure PyTorch; the CPU path).
 
     ``max_num_draft_tokens`` (optional, = max n_i) avoids a device-to-host sync for the output width.
+    Probabilities are formed only for the rows of random requests and the residual only at each
+    request's first rejected draft; greedy rows need argmaxes only, and their noise is never read.
     """
     _check_inputs(
         logits, draft_token_ids, draft_probs, num_draft_tokens, num_mask_tokens, uniforms, noise
     )
     check_draft_probs(draft_probs, num_draft_tokens, temperature)
     num_rows, vocab = logits.shape
-    layout = row_layout(num_draft_tokens, num_mask_tokens, num_rows)
-    greedy = temperature < _SAMPLING_EPS
-    greedy_row = greedy[layout.row_req]
-    probs = target_probs(
+    device = logits.device
+    n = num_draft_tokens.long()
+    layout = row_layout(n, num_mask_tokens, num_rows)
+    greedy_row = (temperature < _SAMPLING_EPS)[layout.row_req]
+    row_ids = _argmax_without(logits, mask_token_id)  # greedy: bonus tokens and next drafts
+    argmax_ids = row_ids.clone()
+    random_rows = torch.nonzero(~greedy_row).flatten()
+    # Where each row sits among the random rows (-1: greedy row).
+    slot = torch.full((num_rows,), -1, dtype=torch.long, device=device)
+    slot[random_rows] = torch.arange(random_rows.numel(), device=device)
+    probs = _probs_of_rows(
         logits,
+        random_rows,
         temperature[layout.row_req],
         top_k[layout.row_req],
         top_p[layout.row_req],
         mask_token_id,
     )
-    masked = logits.clone()
-    masked[:, mask_token_id] = float("-inf")
-    argmax_ids = masked.argmax(dim=-1)
-    raced_ids = (probs / noise).argmax(dim=-1)
-    row_ids = torch.where(greedy_row, argmax_ids, raced_ids)  # bonus tokens and next drafts
+    row_ids[random_rows] = _race(probs, noise[random_rows]) if random_rows.numel() else row_ids[:0]
 
-    accepted, recovered_ids = _verify_drafts(
-        probs,
-        argmax_ids,
-        greedy_row,
-        layout.draft_rows,
-        draft_token_ids,
-        draft_probs,
-        uniforms,
-        noise,
+    accepted = _accept(
+        probs, slot, argmax_ids, layout.draft_rows, draft_token_ids, draft_probs, uniforms
     )
     output_token_ids, num_accepted = _assemble(
         draft_token_ids,
-        num_draft_tokens.long(),
+        n,
         accepted,
-        recovered_ids,
+        lambda first_reject: _recovered(
+            probs, slot, argmax_ids, noise, layout.draft_rows, draft_probs, first_reject
+        ),
         row_ids[layout.bonus_rows],
         layout.cu_num_draft_tokens,
         max_num_draft_tokens,
     )
-    next_probs = probs[layout.mask_rows]
-    next_probs.masked_fill_(greedy_row[layout.mask_rows][:, None], 0.0)
-    return IsdStep(output_token_ids, num_accepted, row_ids[layout.mask_rows], next_probs)
+    mask_rows = layout.mask_rows
+    mask_slot = slot[mask_rows]
+    if random_rows.numel() == 0:  # all greedy: no probabilities to keep (a zero view)
+        next_probs = torch.zeros(1, vocab, device=device).expand(mask_rows.numel(), vocab)
+    else:
+        next_probs = torch.zeros(mask_rows.numel(), vocab, device=device)
+        random_masks = torch.nonzero(mask_slot >= 0).flatten()
+        next_probs[random_masks] = probs[mask_slot[random_masks]]
+    return IsdStep(output_token_ids, num_accepted, row_ids[mask_rows], next_probs)
 
 
-def _verify_drafts(
+def _accept(
     probs: Tensor,
+    slot: Tensor,
     argmax_ids: Tensor,
-    greedy_row: Tensor,
     draft_rows: Tensor,
     draft_token_ids: Tensor,
     draft_probs: Tensor,
     uniforms: Tensor,
+) -> Tensor:
+    """Per draft (independently of the others): accepted [D] bool. Greedy: the draft is the
+    argmax; random: ``q~(d) > 0`` and ``p~(d) >= u q~(d)`` in fp64."""
+    accepted = draft_token_ids == argmax_ids[draft_rows]
+    draft_slot = slot[draft_rows]
+    random = torch.nonzero(draft_slot >= 0).flatten()
+    if random.numel() == 0:
+        return accepted
+    ids = draft_token_ids[random][:, None]
+    target_prob = probs[draft_slot[random]].gather(1, ids).squeeze(1).double()
+    draft_prob = draft_probs[random].gather(1, ids).squeeze(1).double()
+    accepted[random] = (draft_prob > 0) & (target_prob >= uniforms[random] * draft_prob)
+    return accepted
+
+
+def _recovered(
+    probs: Tensor,
+    slot: Tensor,
+    argmax_ids: Tensor,
     noise: Tensor,
-) -> tuple[Tensor, Tensor]:
-    """Per draft (independently of the others): accepted [D] bool and recovered token ids [D]."""
-    num_drafts = draft_token_ids.shape[0]
-    greedy = greedy_row[draft_rows]
-    target_argmax = argmax_ids[draft_rows]
-    accepted_greedy = draft_token_ids == target_argmax
-    if draft_probs.shape[0] != num_drafts:  # all-greedy batch: no draft probs were kept
-        return accepted_greedy, target_argmax
-    target = probs[draft_rows]
-    ids = draft_token_ids[:, None]
-    target_prob = target.gather(1, ids).squeeze(1).double()
-    draft_prob = draft_probs.gather(1, ids).squeeze(1).double()
-    accepted_random = (draft_prob > 0) & (target_prob >= uniforms * draft_prob)
-    residual = (target - draft_probs).clamp_min(0)
-    residual = torch.where(residual.amax(dim=-1, keepdim=True) > 0, residual, target)
-    recovered = (residual / noise[draft_rows]).argmax(dim=-1)
-    return (
-        torch.where(greedy, accepted_greedy, accepted_random),
-        torch.where(greedy, target_argmax, recovered),
-    )
+    draft_rows: Tensor,
+    draft_probs: Tensor,
+    drafts: Tensor,
+) -> Tensor:
+    """The recovered token of the given drafts (each request's first rejected one): greedy, the
+    argmax; random, ``argmax(max(0, p~ - q~) / noise)`` (``p~`` where that is all zero)."""
+    rows = draft_rows[drafts]
+    recovered = argmax_ids[rows]
+    random = torch.nonzero(slot[rows] >= 0).flatten()
+    if random.numel():
+        target = probs[slot[rows[random]]]
+        residual = (target - draft_probs[drafts[random]]).clamp_min_(0)
+        residual = torch.where(residual.amax(dim=-1, keepdim=True) > 0, residual, target)
+        recovered[random] = (residual / noise[rows[random]]).argmax(dim=-1)
+    return recovered
 
 
 def _assemble(
     draft_token_ids: Tensor,
     num_draft_tokens: Tensor,
     accepted: Tensor,
-    recovered_ids: Tensor,
+    recovered_at: Callable[[Tensor], Tensor],
     bonus_ids: Tensor,
     cu_num_draft_tokens: Tensor,
     max_num_draft_tokens: int | None,
 ) -> tuple[Tensor, Tensor]:
-    """Stop each request at its first rejection: output_token_ids [B, max(n)+1] and num_accepted."""
+    """Stop each request at its first rejection: output_token_ids [B, max(n)+1] and num_accepted.
+
+    ``recovered_at(drafts)`` gives the recovered token of the given draft indices; it is asked
+    only for each request's first rejected draft.
+    """
     num_reqs = num_draft_tokens.shape[0]
     device = draft_token_ids.device
     if max_num_draft_tokens is None:
@@ -300,9 +364,11 @@ def _assemble(
     drafts_pad = torch.full((num_reqs, max_num_draft_tokens), -1, dtype=torch.long, device=device)
     drafts_pad[valid] = draft_token_ids
     rejected = num_accepted < num_draft_tokens
-    first_reject = (cu_num_draft_tokens + num_accepted).clamp_max(max(recovered_ids.numel() - 1, 0))
-    recovered_at = recovered_ids[first_reject] if recovered_ids.numel() else bonus_ids
-    emitted = torch.where(rejected, recovered_at, bonus_ids)
+    emitted = bonus_ids.clone()
+    rejecting = torch.nonzero(rejected).flatten()
+    if rejecting.numel():
+        first_reject = cu_num_draft_tokens[rejecting] + num_accepted[rejecting]
+        emitted[rejecting] = recovered_at(first_reject)
     output = torch.full((num_reqs, max_num_draft_tokens + 1), -1, dtype=torch.long, device=device)
     output[:, :max_num_draft_tokens] = torch.where(
         pos[None, :] < num_accepted[:, None], drafts_pad, -1

@@ -192,11 +192,18 @@ def _set_threads(cmd: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _set_threads(args.cmd)
+    from .distributed import teardown
+
+    ok = False
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        ok = code == 0
+        return code
     except ValueError as exc:
         print(f"idlm-train {args.cmd}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        teardown(ok)
 
 
 def _dispatch(args) -> int:

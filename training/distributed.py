@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+_OWNED_GROUP = False  # whether setup() created the process group (torchrun), not Ray Train
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -35,11 +37,34 @@ def setup(device: str = "auto") -> DistInfo:
         if use_cuda:
             torch.cuda.set_device(local)
         if not dist.is_initialized():
+            global _OWNED_GROUP
             dist.init_process_group("nccl" if use_cuda else "gloo")
+            _OWNED_GROUP = True
         return DistInfo(
             rank, world, torch.device("cuda", local) if use_cuda else torch.device("cpu")
         )
     return DistInfo(0, 1, torch.device("cuda") if use_cuda else torch.device("cpu"))
+
+
+def teardown(ok: bool) -> None:
+    """End of a torchrun stage: wait for every rank (rank 0 may still be writing the export),
+    then destroy the process group this process created.
+
+    Exiting with a live gloo group aborted one rank at interpreter shutdown ("terminate called
+    without an active exception", SIGABRT) while rank 0 was still writing shards. A process group
+    that Ray Train created is Ray's to tear down. After a failure no barrier: the other ranks may
+    never reach it.
+    """
+    global _OWNED_GROUP
+    if not _OWNED_GROUP:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if ok:
+            dist.barrier()
+        dist.destroy_process_group()
+    _OWNED_GROUP = False
 
 
 def shard(model, info: DistInfo, bf16: bool):

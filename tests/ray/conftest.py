@@ -27,6 +27,12 @@ def pristine_env():
 
 
 @pytest.fixture(scope="session")
+def session_env() -> dict[str, str]:
+    """A copy of the environment as it was before any test ran (for subprocesses)."""
+    return dict(PRISTINE_ENV)
+
+
+@pytest.fixture(scope="session")
 def start_ray():
     """start_ray(**ray_init_kwargs): ray.init(num_cpus=2, ...) in the pristine environment."""
     import ray

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -55,8 +54,9 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def torchrun_model(demo_models, tmp_path_factory) -> Path:
-    """The reference: the stage under torchrun, 2 processes (gloo)."""
+def torchrun_model(demo_models, tmp_path_factory, session_env) -> Path:
+    """The reference: the stage under torchrun, 2 processes (gloo), started from the session's
+    original environment (not the LD_PRELOAD / OpenMP settings an in-process engine left)."""
     out = tmp_path_factory.mktemp("torchrun") / "idlm"
     cmd = [
         sys.executable,
@@ -69,7 +69,7 @@ def torchrun_model(demo_models, tmp_path_factory) -> Path:
         "idlm_training.cli",
         *_argv(demo_models["base"], out),
     ]
-    env = {**os.environ, "IDLM_TRAIN_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**session_env, "IDLM_TRAIN_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
