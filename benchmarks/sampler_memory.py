@@ -189,7 +189,7 @@ def main() -> None:
         mode = "greedy" if r["greedy"] else "T=0.8, top-p 0.95"
         print(
             f"| {r['case']} | {mode} | {r['logits_rows']} | {r['logits_mb']:.0f} "
-            f"| {r['extra_mb']:.0f} | {r['ms']:.0f} |"
+            f"| {r['extra_mb']:.1f} | {r['ms']:.0f} |"
         )
 
 
