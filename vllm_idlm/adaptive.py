@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class AdaptiveConfig:
@@ -149,6 +151,7 @@ class _RequestState:
     k: int
     dwell: int = 0
     steps: int = 0
+    table: tuple[list[float], list[float]] | None = None  # cached until the next observation
 
 
 class StridePolicy:
@@ -159,6 +162,7 @@ class StridePolicy:
         self.cost = cost
         self.engine_conditional = [config.prior] * config.max_drafts
         self.requests: dict[str, _RequestState] = {}
+        self.chosen: dict[int, int] = {}  # k -> how many request-steps were given it
 
     def _state(self, req_id: str) -> _RequestState:
         state = self.requests.get(req_id)
@@ -177,6 +181,7 @@ class StridePolicy:
             hit = 1.0 if j < num_accepted else 0.0
             state.conditional[j] += w * (hit - state.conditional[j])
             self.engine_conditional[j] += (w / 4) * (hit - self.engine_conditional[j])
+        state.table = None
 
     def forget(self, req_ids) -> None:
         for req_id in req_ids:
@@ -188,25 +193,34 @@ class StridePolicy:
     def choose(self, req_ids: Sequence[str]) -> list[int]:
         """The stride of every request for its next step (in `req_ids` order)."""
         states = [self._state(r) for r in req_ids]
-        rates = [cumulative(s.conditional) for s in states]
-        best, goodput = self.best_strides(rates)
+        for s in states:
+            if s.table is None:
+                s.table = _table(cumulative(s.conditional), self.config.choices)
+        tables = [s.table for s in states]
+        best, goodput = self._best(tables)
         b = self.cost.b
         chosen = []
-        for state, r, k_new in zip(states, rates, best, strict=True):
+        for state, (tokens, rows), k_new in zip(states, tables, best, strict=True):
             state.steps += 1
             state.dwell += 1
             if state.k < 0:  # a new request starts at the batch's best choice
                 state.k, state.dwell = k_new, 0
             elif k_new != state.k and state.dwell >= self.config.min_dwell:
-                old = tokens_per_forward(r, state.k) - goodput * b * rows_per_forward(r, state.k)
-                new = tokens_per_forward(r, k_new) - goodput * b * rows_per_forward(r, k_new)
+                i_old, i_new = self._index[state.k], self._index[k_new]
+                old = tokens[i_old] - goodput * b * rows[i_old]
+                new = tokens[i_new] - goodput * b * rows[i_new]
                 if new > old + self.config.hysteresis * max(abs(old), 1e-9):
                     state.k, state.dwell = k_new, 0
             k = state.k
             if k < self.config.max_drafts and state.steps % self.config.probe_every == 0:
                 k = next(c for c in self.config.choices if c > k)  # probe one position more
             chosen.append(k)
+            self.chosen[k] = self.chosen.get(k, 0) + 1
         return chosen
+
+    @property
+    def _index(self) -> dict[int, int]:
+        return {k: i for i, k in enumerate(self.config.choices)}
 
     def goodput(self, rates: Sequence[Sequence[float]], ks: Sequence[int]) -> float:
         """Expected tokens per second of a batch at strides `ks`."""
@@ -216,25 +230,38 @@ class StridePolicy:
 
     def best_strides(self, rates: Sequence[Sequence[float]]) -> tuple[list[int], float]:
         """Dinkelbach's iteration for max goodput; the all-plain batch as the alternative."""
+        return self._best([_table(r, self.config.choices) for r in rates])
+
+    def _best(self, tables: list[tuple[list[float], list[float]]]) -> tuple[list[int], float]:
+        """`best_strides` over per-request (tokens, rows) per choice, computed once a step."""
         choices, b = self.config.choices, self.cost.b
-        ks = [self.config.max_drafts] * len(rates)
-        goodput = self.goodput(rates, ks)
+        if not tables:
+            return [], 0.0
+        tokens = np.array([t for t, _ in tables])  # [requests, choices]
+        rows = np.array([r for _, r in tables])
+        at = np.arange(len(tables))
+
+        def value(picks: np.ndarray) -> float:
+            spec = bool(picks.any())
+            return float(tokens[at, picks].sum()) / self.cost(float(rows[at, picks].sum()), spec)
+
+        picks = np.full(len(tables), len(choices) - 1)
+        goodput = value(picks)
         for _ in range(16):
-            ks = [
-                max(
-                    choices,
-                    key=lambda k, r=r: (
-                        tokens_per_forward(r, k) - goodput * b * rows_per_forward(r, k)
-                    ),
-                )
-                for r in rates
-            ]
-            new = self.goodput(rates, ks)
+            picks = np.argmax(tokens - (goodput * b) * rows, axis=1)
+            new = value(picks)
             if abs(new - goodput) <= 1e-9 * goodput:
                 break
             goodput = new
-        plain = [0] * len(rates)
-        plain_goodput = self.goodput(rates, plain)
-        if plain_goodput >= goodput:
-            return plain, plain_goodput
-        return ks, goodput
+        plain = len(tables) / self.cost(len(tables), False)
+        if plain >= goodput:
+            return [0] * len(tables), plain
+        return [choices[i] for i in picks.tolist()], goodput
+
+
+def _table(rates: Sequence[float], choices: Sequence[int]) -> tuple[list[float], list[float]]:
+    """Expected tokens and query rows per forward of one request at each choice of k."""
+    return (
+        [tokens_per_forward(rates, k) for k in choices],
+        [rows_per_forward(rates, k) for k in choices],
+    )

@@ -15,16 +15,37 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
 
 
 @pytest.mark.parametrize(
-    ("num_drafts", "max_num_seqs"),
-    [(1, 64), (2, 7), (3, 1), (3, 64)],
-    ids=["K1-batch64", "K2-batch7", "K3-batch1", "K3-batch64"],
+    ("num_drafts", "max_num_seqs", "adaptive"),
+    [(1, 64, False), (2, 7, False), (3, 1, False), (3, 64, False), (4, 1, True), (4, 64, True)],
+    ids=[
+        "K1-batch64",
+        "K2-batch7",
+        "K3-batch1",
+        "K3-batch64",
+        "adaptive-batch1",
+        "adaptive-batch64",
+    ],
 )
 def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
-    num_drafts, max_num_seqs, demo_models, heldout_prompts, plain_outputs, llm_factory, generate
+    num_drafts,
+    max_num_seqs,
+    adaptive,
+    demo_models,
+    heldout_prompts,
+    plain_outputs,
+    llm_factory,
+    generate,
 ):
+    """With the adaptive policy on, strides change per request and per step (0..K drafts,
+    verify-only steps after a probe): the output must not."""
     assert len(heldout_prompts) >= 64
-    with llm_factory(demo_models["idlm"], num_drafts, max_num_seqs=max_num_seqs) as llm:
+    extra = {"adaptive": True} if adaptive else None
+    with llm_factory(demo_models["idlm"], num_drafts, extra, max_num_seqs=max_num_seqs) as llm:
         isd_outputs = generate(llm, heldout_prompts, GREEDY)
+        if adaptive:
+            (state,) = llm.collective_rpc("idlm_state")
+            chosen = state["strides_chosen"]
+            assert len(chosen) >= 2, f"the policy never changed stride: {chosen}"
     mismatches = [
         i for i, (a, b) in enumerate(zip(plain_outputs, isd_outputs, strict=True)) if a != b
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import torch
@@ -60,3 +61,27 @@ def test_stored_drafts_pair_probs_only_with_a_prefix_of_their_own_drafts():
     assert torch.equal(stored.matching((5, 6)), torch.tensor([[0.0], [1.0]]))
     assert stored.matching((5, 8)) is None
     assert stored.matching((6,)) is None
+
+
+def test_a_request_turned_plain_still_verifies_the_drafts_it_has():
+    """Adaptive policy at k = 0 (compute-bound): a probe's drafts are verified the next step
+    with no MASK slots after them, so the policy observes them; with none, plain decoding."""
+    options = IsdOptions(num_drafts=3, adaptive=True, mask_token_id=MASK, strides=(1, 2, 3))
+    p = IsdProposer(SimpleNamespace(additional_config={"idlm": options.to_dict()}))
+    params = SimpleNamespace(structured_outputs=None)
+    p.bind_runner(
+        SimpleNamespace(
+            input_batch=SimpleNamespace(req_ids=["a", "b"]),
+            requests={r: SimpleNamespace(sampling_params=params) for r in "ab"},
+        )
+    )
+    policy = p.state.policy
+    policy.cost.a, policy.cost.b, policy.cost.d = 1e-4, 1e-3, 0.0  # rows are all that cost
+    policy.config = replace(policy.config, probe_every=1000)
+    probs = torch.ones(1, 8)
+    p.state.draft_probs = {"a": StoredDrafts((5,), probs)}
+    p.state.pending = {"a": [5]}
+    assert p.propose([[1], [2]]) == [[5], []]
+    assert set(p.state.draft_probs) == {"a"}  # kept: its draft is verified this step
+    assert p.propose([[1], [2]]) == [[], []]
+    assert not p.state.draft_probs

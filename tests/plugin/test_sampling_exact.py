@@ -3,9 +3,10 @@
 Two-sample chi-square homogeneity tests on the marginal distribution of generated
 tokens 3, 4 and 5 after fixed held-out prefixes (tokens 1 and 2 come from prefill and
 the cold start, where no draft is verified, so they cannot catch a biased verifier).
-Each test rejects at p < 1e-4; 4 sampling variants x 3 positions x 2 prefixes = 24
-tests, so the family-wise false-alarm rate is at most 24e-4 = 0.24% (Bonferroni), and
-the engines are seeded, so a given build either passes or fails reproducibly. The
+Each test rejects at p < 1e-4; 2 ISD modes (fixed K, adaptive) x 4 sampling variants x
+3 positions x 2 prefixes = 48 tests, so the family-wise false-alarm rate is at most
+48e-4 = 0.48% (Bonferroni), and the engines are seeded, so a given build either passes or
+fails reproducibly. The
 statistic's power is shown by `test_the_statistic_detects_a_temperature_change`.
 """
 
@@ -17,6 +18,9 @@ from vllm import SamplingParams
 NUM_SAMPLES = 1200
 POSITIONS = (2, 3, 4)  # 0-based: generated tokens 3, 4, 5
 ALPHA = 1e-4
+# The adaptive policy (strides 0..4 per request and step) against the same plain samples,
+# at a load where it drafts (at 256 requests in flight it decodes this model plainly).
+ADAPTIVE = {"adaptive": True}
 VARIANTS = {
     "T1": dict(temperature=1.0),
     "T0.8-topk20": dict(temperature=0.8, top_k=20),
@@ -39,8 +43,9 @@ def prefixes(heldout_prompts):
 @pytest.fixture(scope="module")
 def samples(demo_models, prefixes, llm_factory, as_prompts):
     result = {}
-    for mode, k in (("plain", None), ("isd", 3)):
-        with llm_factory(demo_models["idlm"], k, max_num_seqs=256) as llm:
+    engines = (("plain", None, None, 256), ("isd", 3, None, 256), ("adaptive", 4, ADAPTIVE, 16))
+    for mode, k, extra, max_num_seqs in engines:
+        with llm_factory(demo_models["idlm"], k, extra, max_num_seqs=max_num_seqs) as llm:
             for name, kwargs in VARIANTS.items():
                 for j, prefix in enumerate(prefixes):
                     result[mode, name, j] = sample(llm, as_prompts, prefix, kwargs)
@@ -52,17 +57,18 @@ def samples(demo_models, prefixes, llm_factory, as_prompts):
             else:
                 from vllm_idlm.metrics import read_isd_metrics
 
-                result["isd-metrics"] = read_isd_metrics(llm.get_metrics())
+                result[f"{mode}-metrics"] = read_isd_metrics(llm.get_metrics())
     return result
 
 
+@pytest.mark.parametrize("mode", ["isd", "adaptive"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_isd_sampling_matches_plain_sampling_from_the_third_token_on(
-    variant, samples, prefixes, chi_square_p_value
+    variant, mode, samples, prefixes, chi_square_p_value
 ):
     p_values = {}
     for j in range(len(prefixes)):
-        plain, isd = samples["plain", variant, j], samples["isd", variant, j]
+        plain, isd = samples["plain", variant, j], samples[mode, variant, j]
         for pos in POSITIONS:
             p_values[j, pos] = chi_square_p_value([s[pos] for s in plain], [s[pos] for s in isd])
     worst = min(p_values, key=p_values.get)
@@ -71,9 +77,10 @@ def test_isd_sampling_matches_plain_sampling_from_the_third_token_on(
     )
 
 
-def test_drafts_were_actually_verified_at_t_above_zero(samples):
+@pytest.mark.parametrize("mode", ["isd", "adaptive"])
+def test_drafts_were_actually_verified_at_t_above_zero(samples, mode):
     """The test above only means something if drafts were accepted (and rejected)."""
-    m = samples["isd-metrics"]
+    m = samples[f"{mode}-metrics"]
     assert m.num_draft_tokens > 1000
     assert 0.05 < m.num_accepted_tokens / m.num_draft_tokens < 0.98
 
@@ -96,5 +103,5 @@ def test_the_mask_token_is_never_emitted(samples, demo_models):
 
     mask = json.loads((demo_models["idlm"] / "config.json").read_text())["mask_token_id"]
     for key, outs in samples.items():
-        if key != "isd-metrics":
+        if not str(key).endswith("-metrics"):
             assert all(mask not in s for s in outs), key

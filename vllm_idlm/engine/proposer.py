@@ -60,6 +60,12 @@ class IsdProposer:
         for req_id, drafts_on in zip(req_ids, drafting):  # noqa: B905
             drafts = pending.pop(req_id, None) or []
             k = next(strides) if drafts_on else 0
+            if k == 0 and drafts_on and drafts and not num_slots:
+                # Turned to plain decoding with drafts in hand (a probe, or the step the
+                # policy stopped drafting): verify them, append no MASK slots. They cost only
+                # their rows, and the verdicts keep its acceptance estimates observed.
+                proposals.append(drafts)
+                continue
             drafts = drafts[:k]
             if not drafts:
                 stored.pop(req_id, None)

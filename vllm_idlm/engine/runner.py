@@ -95,7 +95,10 @@ def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> N
         best = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
-            runner._dummy_run(rows)
+            hidden, _ = runner._dummy_run(rows)
+            # Every row of an ISD step is a sample position: logits (and an argmax, the
+            # least any sampler does) for all of them, as a real step computes.
+            runner.model.compute_logits(hidden).argmax(dim=-1).cpu()
             best = min(best, time.perf_counter() - start)
         points.append((rows, best))
     n = len(points)
@@ -156,13 +159,22 @@ def idlm_state(worker) -> dict | None:
     if not isinstance(drafter, IsdProposer):
         return None
     state = drafter.state
-    return {
+    out = {
         "pending_drafts": len(state.pending),
         "stored_draft_probs": len(state.draft_probs),
         "num_steps": state.num_steps,
         "num_cold_starts": state.num_cold_starts,
         "num_unverifiable": state.num_unverifiable,
     }
+    policy = state.policy
+    if policy is not None:
+        # What the adaptive policy believes: its step cost model and the engine-wide
+        # conditional acceptance per position.
+        cost = policy.cost
+        out["step_cost"] = {"a": cost.a, "b": cost.b, "d": cost.d}
+        out["engine_acceptance"] = list(policy.engine_conditional)
+        out["strides_chosen"] = dict(sorted(policy.chosen.items()))
+    return out
 
 
 def install_worker_rpc() -> None:
