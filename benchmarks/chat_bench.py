@@ -9,7 +9,8 @@ requests in flight. Greedy and T=0.7 (seeded per prompt). Prints tokens per forw
 acceptance per position, output tokens/s and the ratio to plain decoding of the base; for
 greedy, whether the output equals plain decoding (lossless rows must say yes).
 Models: `--lora DIR` (gated adapter over DIR/base), `--idlm DIR` (converted checkpoint);
-by default the smollm2_lora and smollm2_convert recipes' outputs under --models.
+by default the smollm2_lora and smollm2_convert recipes' outputs under --models. `--methods`
+adds the adaptive policy over either (`lossless-adaptive`, `converted-adaptive`) or picks a subset.
 """
 
 from __future__ import annotations
@@ -54,17 +55,29 @@ def bench(model: Path, spec, prompts, runs, max_num_seqs: int) -> dict[tuple, ob
         llm.llm_engine.engine_core.shutdown()
 
 
+METHODS = ("plain", "lossless", "converted", "ngram", "lossless-adaptive", "converted-adaptive")
+
+
 def methods(args) -> list[tuple[str, Path, dict | None]]:
     base = args.models / "base"
     isd = {"method": "idlm", "num_speculative_tokens": args.k}
-    rows: list[tuple[str, Path, dict | None]] = [("plain", base, None)]
-    if args.lora and args.lora.is_dir():
-        rows.append((f"lossless isd K={args.k}", base, {**isd, "draft_lora": str(args.lora)}))
-    if args.idlm and args.idlm.is_dir():
-        rows.append((f"isd K={args.k} (converted)", args.idlm, isd))
+    adaptive = {**isd, "adaptive": True}
+    lossless = {"draft_lora": str(args.lora)} if args.lora and args.lora.is_dir() else None
+    converted = args.idlm if args.idlm and args.idlm.is_dir() else None
     ngram = {"method": "ngram", "num_speculative_tokens": 3}
-    rows.append(("ngram K=3", base, {**ngram, "prompt_lookup_max": 4, "prompt_lookup_min": 2}))
-    return rows
+    table: dict[str, tuple[str, Path, dict | None] | None] = {
+        "plain": ("plain", base, None),
+        "lossless": (f"lossless isd K={args.k}", base, {**isd, **lossless}) if lossless else None,
+        "converted": (f"isd K={args.k} (converted)", converted, isd) if converted else None,
+        "ngram": ("ngram K=3", base, {**ngram, "prompt_lookup_max": 4, "prompt_lookup_min": 2}),
+        "lossless-adaptive": (f"lossless adaptive K<={args.k}", base, {**adaptive, **lossless})
+        if lossless
+        else None,
+        "converted-adaptive": (f"adaptive K<={args.k} (converted)", converted, adaptive)
+        if converted
+        else None,
+    }
+    return [table[m] for m in args.methods if table[m] is not None]
 
 
 def main() -> None:
@@ -78,6 +91,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--out", type=Path, default=None, help="CSV file")
+    parser.add_argument(
+        "--methods", nargs="+", choices=METHODS, default=["plain", "lossless", "converted", "ngram"]
+    )
     args = parser.parse_args()
     args.models = args.models.expanduser()
     args.lora = args.lora or args.models / "smollm2_lora" / "lora"

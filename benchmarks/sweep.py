@@ -116,8 +116,8 @@ def plot(table: list[dict], path: Path) -> bool:
     return True
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """Methods, concurrencies, temperatures and prompts (shared with serve_sweep.py)."""
     ap.add_argument("--models", type=Path, default=Path("~/.cache/vllm-idlm/demo"))
     ap.add_argument("--lossless", action="store_true", help="base + gated adapter as the ISD")
     ap.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4])
@@ -127,21 +127,16 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--out", type=Path, default=Path("results/sweep.csv"))
-    args = ap.parse_args()
-    args.models = args.models.expanduser()
 
-    prompts = heldout(args.models, args.prompts, args.prompt_len)
-    table = []
-    for name, model, spec in methods(args):
-        for row in run_method(model, spec, prompts, args):
-            table.append({"method": name, **row})
+
+def report(table: list[dict], args, title: str) -> None:
+    """Ratios to plain, the table on stdout, the CSV and the PNG."""
     plain = {
         (r["temperature"], r["concurrency"]): r["tok_s"] for r in table if r["method"] == "plain"
     }
     for r in table:
         r["ratio"] = round(r["tok_s"] / plain[r["temperature"], r["concurrency"]], 3)
-    print(f"\n{len(prompts)} held-out prompts, {args.max_tokens} tokens, closed loop of c clients")
+    print(f"\n{title}")
     header = "".join(f"{c:>8d}" for c in args.c)
     for t in args.temperature:
         print(f"\nT={t}: tok/s (ratio to plain) at concurrency\n{'method':18s}{header}")
@@ -156,6 +151,25 @@ def main() -> None:
         writer.writerows(table)
     png = args.out.with_suffix(".png")
     print(f"\n{args.out}" + (f", {png}" if plot(table, png) else " (no matplotlib: no PNG)"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    ap.add_argument("--out", type=Path, default=Path("results/sweep.csv"))
+    args = ap.parse_args()
+    args.models = args.models.expanduser()
+
+    prompts = heldout(args.models, args.prompts, args.prompt_len)
+    table = []
+    for name, model, spec in methods(args):
+        for row in run_method(model, spec, prompts, args):
+            table.append({"method": name, **row})
+    report(
+        table,
+        args,
+        f"{len(prompts)} held-out prompts, {args.max_tokens} tokens, closed loop of c clients",
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+"""Concurrency sweep as users run it: `vllm serve` per method, driven by `vllm bench serve`.
+
+    python benchmarks/serve_sweep.py --models ~/.cache/vllm-idlm/demo --out results/serve_sweep.csv
+
+The same methods and held-out prompts as `benchmarks/sweep.py` (plain decoding, ISD at fixed
+K, adaptive ISD, vLLM's ngram), but each method is a real OpenAI-compatible server and the load
+comes from vLLM's own benchmark client: for every temperature and concurrency c,
+`vllm bench serve --dataset-name custom --max-concurrency c` over the prompts (as text,
+`--ignore-eos` so every method produces the same number of tokens). Tokens per forward come
+from the server's Prometheus counters (1 + accepted / draft rounds; for ISD a cold start is a
+round with no drafts). Writes a CSV with the same columns as the offline sweep plus mean TTFT
+and TPOT, and the PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sweep import add_arguments, heldout, methods, report  # noqa: E402
+
+SERVER_FLAGS = ["--enforce-eager", "--seed", "0"]
+
+
+def _counter(text: str, name: str) -> float:
+    pattern = rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$"
+    return sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
+
+
+def spec_counters(url: str) -> tuple[float, float]:
+    """(draft rounds, accepted tokens) so far, from the server's /metrics."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return (
+        _counter(text, "vllm:spec_decode_num_drafts_total"),
+        _counter(text, "vllm:spec_decode_num_accepted_tokens_total"),
+    )
+
+
+def write_dataset(models: Path, args, folder: Path) -> Path:
+    """The held-out prompts as text, one JSON object per line (vLLM's custom dataset)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(models / "base")
+    path = folder / "prompts.jsonl"
+    with open(path, "w") as f:
+        for ids in heldout(models, args.prompts, args.prompt_len):
+            f.write(json.dumps({"prompt": tokenizer.decode(ids)}) + "\n")
+    return path
+
+
+def bench(
+    server, dataset: Path, tokenizer: Path, t: float, c: int, args, out: Path, num_prompts=None
+) -> dict:
+    vllm = shutil.which("vllm", path=str(Path(sys.executable).parent)) or "vllm"
+    name = f"t{t}_c{c}.json"
+    cmd = [
+        vllm,
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        server.url,
+        "--model",
+        server.model,
+        "--tokenizer",
+        str(tokenizer),
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        str(dataset),
+        "--skip-chat-template",
+        "--num-prompts",
+        str(num_prompts or args.prompts),
+        "--custom-output-len",
+        str(args.max_tokens),
+        "--ignore-eos",
+        "--temperature",
+        str(t),
+        "--max-concurrency",
+        str(c),
+        "--seed",
+        "0",
+        "--save-result",
+        "--result-dir",
+        str(out),
+        "--result-filename",
+        name,
+    ]
+    before = spec_counters(server.url)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if proc.returncode:
+        raise RuntimeError(f"vllm bench serve failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    after = spec_counters(server.url)
+    result = json.loads((out / name).read_text())
+    rounds, accepted = after[0] - before[0], after[1] - before[1]
+    return dict(
+        temperature=t,
+        concurrency=c,
+        tok_s=round(result["output_throughput"], 1),
+        tpf=round(1 + accepted / rounds, 3) if rounds else 1.0,
+        ttft_ms=round(result["mean_ttft_ms"], 1),
+        tpot_ms=round(result["mean_tpot_ms"], 2),
+        completed=result["completed"],
+    )
+
+
+def main() -> None:
+    from vllm_idlm.launch import Server
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    ap.add_argument("--out", type=Path, default=Path("results/serve_sweep.csv"))
+    args = ap.parse_args()
+    args.models = args.models.expanduser()
+
+    table = []
+    with tempfile.TemporaryDirectory(prefix="serve_sweep_") as tmp:
+        folder = Path(tmp)
+        dataset = write_dataset(args.models, args, folder)
+        for name, model, spec in methods(args):
+            extra = [*SERVER_FLAGS, "--max-num-seqs", str(max(args.c))]
+            log = folder / f"server_{len(table)}.log"
+            with Server(model, log, spec=spec, extra=extra, kv_cache_bytes=1 << 30) as server:
+                # Warm-up (first-request compilation, e.g. ngram's matcher), not recorded.
+                bench(server, dataset, args.models / "base", 0.0, 2, args, folder, num_prompts=4)
+                for t in args.temperature:
+                    for c in args.c:
+                        row = bench(server, dataset, args.models / "base", t, c, args, folder)
+                        if row["completed"] != args.prompts:
+                            raise RuntimeError(f"{name}: {row['completed']} of {args.prompts} done")
+                        table.append({"method": name, **row})
+                        print(table[-1], file=sys.stderr, flush=True)
+    report(
+        table, args, f"{args.prompts} held-out prompts, {args.max_tokens} tokens, vllm bench serve"
+    )
+
+
+if __name__ == "__main__":
+    main()
