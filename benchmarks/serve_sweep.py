@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -31,18 +30,15 @@ from sweep import add_arguments, heldout, methods, report  # noqa: E402
 SERVER_FLAGS = ["--enforce-eager", "--seed", "0"]
 
 
-def _counter(text: str, name: str) -> float:
-    pattern = rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$"
-    return sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
-
-
 def spec_counters(url: str) -> tuple[float, float]:
     """(draft rounds, accepted tokens) so far, from the server's /metrics."""
+    from vllm_idlm.on_ray.common import counter_total
+
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     return (
-        _counter(text, "vllm:spec_decode_num_drafts_total"),
-        _counter(text, "vllm:spec_decode_num_accepted_tokens_total"),
+        counter_total(text, "vllm:spec_decode_num_drafts_total"),
+        counter_total(text, "vllm:spec_decode_num_accepted_tokens_total"),
     )
 
 

@@ -198,7 +198,7 @@ class StridePolicy:
                 s.table = _table(cumulative(s.conditional), self.config.choices)
         tables = [s.table for s in states]
         best, goodput = self._best(tables)
-        b = self.cost.b
+        b, choices = self.cost.b, self.config.choices
         chosen = []
         for state, (tokens, rows), k_new in zip(states, tables, best, strict=True):
             state.steps += 1
@@ -206,30 +206,21 @@ class StridePolicy:
             if state.k < 0:  # a new request starts at the batch's best choice
                 state.k, state.dwell = k_new, 0
             elif k_new != state.k and state.dwell >= self.config.min_dwell:
-                i_old, i_new = self._index[state.k], self._index[k_new]
+                i_old, i_new = choices.index(state.k), choices.index(k_new)
                 old = tokens[i_old] - goodput * b * rows[i_old]
                 new = tokens[i_new] - goodput * b * rows[i_new]
                 if new > old + self.config.hysteresis * max(abs(old), 1e-9):
                     state.k, state.dwell = k_new, 0
             k = state.k
             if k < self.config.max_drafts and state.steps % self.config.probe_every == 0:
-                k = next(c for c in self.config.choices if c > k)  # probe one position more
+                k = next(c for c in choices if c > k)  # probe one position more
             chosen.append(k)
             self.chosen[k] = self.chosen.get(k, 0) + 1
         return chosen
 
-    @property
-    def _index(self) -> dict[int, int]:
-        return {k: i for i, k in enumerate(self.config.choices)}
-
-    def goodput(self, rates: Sequence[Sequence[float]], ks: Sequence[int]) -> float:
-        """Expected tokens per second of a batch at strides `ks`."""
-        tokens = sum(tokens_per_forward(r, k) for r, k in zip(rates, ks, strict=True))
-        rows = sum(rows_per_forward(r, k) for r, k in zip(rates, ks, strict=True))
-        return tokens / self.cost(rows, any(ks))
-
     def best_strides(self, rates: Sequence[Sequence[float]]) -> tuple[list[int], float]:
-        """Dinkelbach's iteration for max goodput; the all-plain batch as the alternative."""
+        """Dinkelbach's iteration for the strides of most expected tokens per second of the
+        batch; the all-plain batch as the alternative."""
         return self._best([_table(r, self.config.choices) for r in rates])
 
     def _best(self, tables: list[tuple[list[float], list[float]]]) -> tuple[list[int], float]:
