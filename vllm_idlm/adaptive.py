@@ -47,6 +47,10 @@ class AdaptiveConfig:
             raise ValueError(f"adaptive: strides must be K values >= 1, got {self.strides}")
         if not 0 < self.ema <= 1 or not 0 <= self.prior <= 1:
             raise ValueError(f"adaptive: ema in (0, 1] and prior in [0, 1], got {self}")
+        if int(self.min_dwell) != self.min_dwell or int(self.probe_every) != self.probe_every:
+            raise ValueError(f"adaptive: min_dwell and probe_every are step counts, got {self}")
+        if self.min_dwell < 0 or self.probe_every < 1:
+            raise ValueError(f"adaptive: min_dwell >= 0 and probe_every >= 1, got {self}")
 
     @property
     def max_drafts(self) -> int:
@@ -82,12 +86,14 @@ def rows_per_forward(rates: Sequence[float], k: int) -> float:
 
 @dataclass
 class StepCost:
-    """c(R, spec) = a + b R + d [spec], refined online by exponentially weighted least squares."""
+    """c(R, spec) = a + b R + d [spec], refined online by exponentially weighted least squares
+    (pinned: kept as given, neither measured nor refitted)."""
 
     a: float
     b: float
     d: float = 0.0
     forget: float = 0.98
+    pinned: bool = False
     # Weighted sufficient statistics of (x = [1, R, spec], t).
     _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
     _xt: list[float] = field(default_factory=lambda: [0.0] * 3)
@@ -97,6 +103,8 @@ class StepCost:
         return self.a + self.b * rows + (self.d if spec else 0.0)
 
     def observe(self, rows: int, spec: bool, seconds: float) -> None:
+        if self.pinned:
+            return
         x = (1.0, float(rows), 1.0 if spec else 0.0)
         for i in range(3):
             self._xt[i] = self.forget * self._xt[i] + x[i] * seconds

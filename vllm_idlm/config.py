@@ -40,6 +40,48 @@ _ISD_KEYS = frozenset(
 )
 
 
+# The object form of "adaptive": the pinned step cost (milliseconds) and the policy's knobs.
+STEP_COST_KEYS = frozenset({"step_ms", "row_ms", "draft_path_ms"})
+POLICY_KEYS = frozenset({"ema", "prior", "hysteresis", "min_dwell", "probe_every"})
+ADAPTIVE_KEYS = STEP_COST_KEYS | POLICY_KEYS
+
+
+def _adaptive_from_user(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k.replace("-", "_"): v for k, v in value.items()}
+    return value
+
+
+def _check_adaptive(value: Any) -> None:
+    if isinstance(value, bool):
+        return
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"idlm: adaptive must be true, false or an object of settings, got {value!r}"
+        )
+    unknown = set(value) - ADAPTIVE_KEYS
+    if unknown:
+        raise ValueError(
+            f"idlm: unknown adaptive setting(s) {sorted(unknown)}; accepted: {sorted(ADAPTIVE_KEYS)}"
+        )
+    for key, v in value.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+            raise ValueError(f"idlm: adaptive {key} must be a number >= 0, got {v!r}")
+    cost = STEP_COST_KEYS & set(value)
+    if cost and not {"step_ms", "row_ms"} <= cost:
+        raise ValueError(
+            f"idlm: a pinned adaptive step cost needs both step_ms and row_ms (got {sorted(cost)})"
+        )
+    if cost and (value["step_ms"] <= 0 or value["row_ms"] <= 0):
+        raise ValueError("idlm: adaptive step_ms and row_ms must be > 0")
+    from vllm_idlm.adaptive import AdaptiveConfig
+
+    try:  # the policy's knobs, checked where the user gave them
+        AdaptiveConfig(strides=(1,), **{k: value[k] for k in POLICY_KEYS & set(value)})
+    except ValueError as error:
+        raise ValueError(f"idlm: {error}") from None
+
+
 @dataclass(frozen=True)
 class IsdOptions:
     """ISD configuration of one engine.
@@ -51,7 +93,12 @@ class IsdOptions:
         has the same query length (1 + 2K), which full CUDA graphs need.
     adaptive: choose each request's stride per step (0..K drafts, 0..K MASK slots, only
         strides the checkpoint was trained for) for the most expected tokens per second of
-        the batch (`vllm_idlm.adaptive`); False (the default) keeps K fixed.
+        the batch (`vllm_idlm.adaptive`); False (the default) keeps K fixed. An object turns
+        it on with settings (`ADAPTIVE_KEYS`): `step_ms` and `row_ms` (and optionally
+        `draft_path_ms`) pin the step cost model: the engine neither measures nor refits it,
+        so the strides follow acceptance alone, not this machine's step timings (what tests
+        and reproducible runs need); `ema`, `prior`, `hysteresis`, `min_dwell`,
+        `probe_every` tune the policy.
     strides: the K values the checkpoint was trained for (resolved at startup).
     mask_token_id: resolved from the checkpoint (or the adapter) at startup.
     passthrough: vLLM speculative-config keys forwarded unchanged.
@@ -60,7 +107,7 @@ class IsdOptions:
     num_drafts: int
     draft_lora: str | None = None
     uniform_query_len: bool = False
-    adaptive: bool = False
+    adaptive: bool | dict[str, Any] = False
     mask_token_id: int | None = None
     strides: tuple[int, ...] = ()
     passthrough: dict[str, Any] = field(default_factory=dict)
@@ -74,15 +121,23 @@ class IsdOptions:
             raise ValueError(
                 f"idlm: num_speculative_tokens must be >= 1 (K drafts per step), got {self.num_drafts}"
             )
-        if not isinstance(self.adaptive, bool):
-            raise ValueError(f"idlm: adaptive must be true or false, got {self.adaptive!r}")
-        if self.adaptive and self.uniform_query_len:
+        _check_adaptive(self.adaptive)
+        if self.adaptive_on and self.uniform_query_len:
             raise ValueError(
                 "idlm: adaptive strides vary the query length per request; they cannot be "
                 'combined with uniform_query_len (set "adaptive": false)'
             )
         if self.draft_lora is not None and not os.path.isdir(self.draft_lora):
             raise ValueError(f"idlm: draft_lora {self.draft_lora!r} is not a directory")
+
+    @property
+    def adaptive_on(self) -> bool:
+        return self.adaptive is True or isinstance(self.adaptive, dict)
+
+    @property
+    def adaptive_settings(self) -> dict[str, Any]:
+        """The object form's settings ({} for `true` or `false`)."""
+        return dict(self.adaptive) if isinstance(self.adaptive, dict) else {}
 
     @property
     def num_slots(self) -> int:
@@ -104,7 +159,7 @@ class IsdOptions:
             num_drafts=spec["num_speculative_tokens"],
             draft_lora=spec.get("draft_lora"),
             uniform_query_len=bool(spec.get("uniform_query_len", False)),
-            adaptive=spec.get("adaptive", False),
+            adaptive=_adaptive_from_user(spec.get("adaptive", False)),
             passthrough={k: spec[k] for k in _PASSTHROUGH_KEYS if k in spec},
         )
 

@@ -72,3 +72,29 @@ def test_hysteresis_and_dwell_keep_k_from_flapping_and_probes_look_further():
     q = policy(a=0.0001, b=0.001, probe_every=5)  # compute-bound: plain
     ks = [q.choose(["s"])[0] for _ in range(10)]
     assert ks.count(1) == 2 and ks.count(0) == 8  # a probe every 5 steps drafts one position
+
+
+def test_a_pinned_step_cost_ignores_what_steps_measure():
+    cost = StepCost(a=0.010, b=0.0002, pinned=True)
+    for i in range(50):
+        cost.observe(8 + i, True, 1.0)  # a very different machine
+    assert (cost.a, cost.b, cost.d) == (0.010, 0.0002, 0.0)
+
+
+def test_the_adaptive_object_pins_the_cost_and_sets_the_knobs():
+    from vllm_idlm.config import IsdOptions
+    from vllm_idlm.engine.proposer import make_policy
+
+    spec = {
+        "method": "idlm",
+        "num_speculative_tokens": 3,
+        "adaptive": {"step-ms": 20, "row_ms": 0.1, "draft_path_ms": 1, "probe_every": 8},
+    }
+    options = IsdOptions.from_user(spec).resolved(mask_token_id=7, trained_strides=(2, 4))
+    assert options.adaptive_on
+    p = make_policy(options)
+    assert p.cost.pinned and (p.cost.a, p.cost.b, p.cost.d) == pytest.approx((0.02, 1e-4, 1e-3))
+    assert p.config.probe_every == 8 and p.config.choices == (0, 1, 3)
+    free = make_policy(IsdOptions(num_drafts=2, adaptive=True, strides=(1, 2)))
+    assert not free.cost.pinned
+    assert not IsdOptions(num_drafts=2, adaptive=False).adaptive_on

@@ -25,6 +25,32 @@ from vllm_idlm.config import IsdOptions
             {"method": "idlm", "num_speculative_tokens": 2, "draft_lora": "/nonexistent"},
             "draft_lora .* is not a directory",
         ),
+        ({"method": "idlm", "num_speculative_tokens": 2, "adaptive": "yes"}, "adaptive must be"),
+        (
+            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"step": 1}},
+            r"unknown adaptive setting.*\['step'\]",
+        ),
+        (
+            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"step_ms": 5}},
+            "needs both step_ms and row_ms",
+        ),
+        (
+            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"probe_every": 0}},
+            "probe_every >= 1",
+        ),
+        (
+            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"ema": -1}},
+            "adaptive ema must be a number >= 0",
+        ),
+        (
+            {
+                "method": "idlm",
+                "num_speculative_tokens": 2,
+                "adaptive": {"row_ms": 1, "step_ms": 5},
+                "uniform_query_len": True,
+            },
+            "cannot be combined with uniform_query_len",
+        ),
     ],
 )
 def test_invalid_isd_options_are_refused_with_the_key_named(spec, message):

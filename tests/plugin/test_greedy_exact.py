@@ -16,7 +16,15 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
 
 @pytest.mark.parametrize(
     ("num_drafts", "max_num_seqs", "adaptive"),
-    [(1, 64, False), (2, 7, False), (3, 1, False), (3, 64, False), (4, 1, True), (4, 64, True)],
+    [
+        (1, 64, False),
+        (2, 7, False),
+        (3, 1, False),
+        (3, 64, False),
+        (4, 1, {"step_ms": 1, "row_ms": 0.1}),
+        (4, 64, {"step_ms": 40, "row_ms": 0.1}),
+        (4, 16, True),
+    ],
     ids=[
         "K1-batch64",
         "K2-batch7",
@@ -24,6 +32,7 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
         "K3-batch64",
         "adaptive-batch1",
         "adaptive-batch64",
+        "adaptive-measured-batch16",
     ],
 )
 def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
@@ -37,15 +46,23 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
     generate,
 ):
     """With the adaptive policy on, strides change per request and per step (0..K drafts,
-    verify-only steps after a probe): the output must not."""
+    verify-only steps after a probe): the output must not. Its step cost is pinned so that
+    the strides vary on any machine (measured here, K = 0..2 at batch 1, 0..3 at 64)."""
     assert len(heldout_prompts) >= 64
-    extra = {"adaptive": True} if adaptive else None
+    extra = {"adaptive": adaptive} if adaptive else None
     with llm_factory(demo_models["idlm"], num_drafts, extra, max_num_seqs=max_num_seqs) as llm:
         isd_outputs = generate(llm, heldout_prompts, GREEDY)
-        if adaptive:
+        if isinstance(adaptive, dict):
             (state,) = llm.collective_rpc("idlm_state")
             chosen = state["strides_chosen"]
             assert len(chosen) >= 2, f"the policy never changed stride: {chosen}"
+        elif adaptive:  # the cost model this machine measured (strides may or may not vary)
+            from vllm_idlm.engine.proposer import PRIOR_COST
+
+            (state,) = llm.collective_rpc("idlm_state")
+            cost = state["step_cost"]
+            assert (cost["a"], cost["b"]) != (PRIOR_COST.a, PRIOR_COST.b), "never calibrated"
+            assert sum(state["strides_chosen"].values()) > 0
     mismatches = [
         i for i, (a, b) in enumerate(zip(plain_outputs, isd_outputs, strict=True)) if a != b
     ]

@@ -11,11 +11,29 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_idlm.adaptive import AdaptiveConfig, StepCost, StridePolicy
-from vllm_idlm.config import ADDITIONAL_CONFIG_KEY, IsdOptions
+from vllm_idlm.config import ADDITIONAL_CONFIG_KEY, POLICY_KEYS, IsdOptions
 from vllm_idlm.engine.state import IsdState
 
 # Step cost before the engine has measured its own (seconds, seconds per query row).
 PRIOR_COST = StepCost(a=0.01, b=1e-4, d=5e-4)
+
+
+def make_policy(options: IsdOptions) -> StridePolicy:
+    """The stride policy of `options`: its knobs, and the step cost pinned by the user or
+    the prior that calibration replaces."""
+    settings = options.adaptive_settings
+    strides = options.strides or tuple(range(1, options.num_drafts + 1))
+    knobs = {k: settings[k] for k in POLICY_KEYS & set(settings)}
+    if "step_ms" in settings:
+        cost = StepCost(
+            a=settings["step_ms"] / 1e3,
+            b=settings["row_ms"] / 1e3,
+            d=settings.get("draft_path_ms", 0.0) / 1e3,
+            pinned=True,
+        )
+    else:
+        cost = StepCost(PRIOR_COST.a, PRIOR_COST.b, PRIOR_COST.d)
+    return StridePolicy(AdaptiveConfig(strides=strides, **knobs), cost)
 
 
 class IsdProposer:
@@ -28,10 +46,8 @@ class IsdProposer:
             )
         self.options = IsdOptions.from_dict(options)
         self.state = IsdState()
-        if self.options.adaptive:
-            strides = self.options.strides or tuple(range(1, self.options.num_drafts + 1))
-            cost = StepCost(PRIOR_COST.a, PRIOR_COST.b, PRIOR_COST.d)
-            self.state.policy = StridePolicy(AdaptiveConfig(strides=strides), cost)
+        if self.options.adaptive_on:
+            self.state.policy = make_policy(self.options)
         self._runner: Any = None
 
     def bind_runner(self, runner: Any) -> None:

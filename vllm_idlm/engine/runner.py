@@ -128,7 +128,7 @@ def _install_step_timing() -> None:
         policy = _policy_of(self)
         rows = scheduler_output.total_num_scheduled_tokens
         if policy is not None and rows:
-            if not getattr(self, "_idlm_calibrated", False):
+            if not getattr(self, "_idlm_calibrated", False) and not policy.cost.pinned:
                 self._idlm_calibrated = True
                 with torch.inference_mode():
                     calibrate(self, policy)

@@ -21,7 +21,7 @@ SPEC_COUNTERS = (
 def isd_engine_kwargs(
     num_drafts: int | None = 3,
     draft_lora: str | None = None,
-    adaptive: bool | None = None,
+    adaptive: bool | dict | None = None,
     **engine_kwargs: Any,
 ) -> dict[str, Any]:
     """vLLM engine kwargs with `"method": "idlm"` (num_drafts=None: plain decoding).
@@ -35,7 +35,7 @@ def isd_engine_kwargs(
         if draft_lora:
             spec["draft_lora"] = str(draft_lora)
         if adaptive is not None:
-            spec["adaptive"] = bool(adaptive)
+            spec["adaptive"] = adaptive if isinstance(adaptive, dict) else bool(adaptive)
         kwargs["speculative_config"] = spec
     return kwargs
 

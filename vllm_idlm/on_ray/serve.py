@@ -45,7 +45,7 @@ def llm_config(
     model_id: str | None = None,
     num_drafts: int | None = 3,
     draft_lora: str | Path | None = None,
-    adaptive: bool | None = None,
+    adaptive: bool | dict | None = None,
     replicas: int = 1,
     cpus_per_replica: int = 1,
     engine_kwargs: dict[str, Any] | None = None,
