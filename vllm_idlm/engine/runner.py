@@ -118,8 +118,16 @@ def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> N
     )
 
 
+# A gap longer than this between one step's end and the next step's start is idle time
+# (no work queued), not the cost of the step before it.
+IDLE_GAP_S = 0.05
+
+
 def _install_step_timing() -> None:
-    """Time every step (execute_model to the end of sample_tokens) for the cost model."""
+    """Time every step for the cost model: from one step's start (execute_model) to the next
+    one's, so that what the engine does between forwards for the step (scheduling the draft
+    slots, applying verdicts, shipping outputs) counts too; a step followed by an idle gap is
+    timed to the end of its sampling only."""
     original_execute = GPUModelRunner.execute_model
     original_sample = GPUModelRunner.sample_tokens
 
@@ -128,27 +136,37 @@ def _install_step_timing() -> None:
         policy = _policy_of(self)
         rows = scheduler_output.total_num_scheduled_tokens
         if policy is not None and rows:
+            now = time.perf_counter()
+            _observe_previous(self, policy, now)
             if not getattr(self, "_idlm_calibrated", False) and not policy.cost.pinned:
                 self._idlm_calibrated = True
                 with torch.inference_mode():
                     calibrate(self, policy)
+                now = time.perf_counter()
             spec = bool(scheduler_output.scheduled_spec_decode_tokens)
-            self._idlm_step = (time.perf_counter(), rows, spec)
+            self._idlm_step = [now, rows, spec, None]  # start, rows, spec, end of sampling
         return original_execute(self, scheduler_output, *args, **kwargs)
 
     @functools.wraps(original_sample)
     def sample_tokens(self, *args, **kwargs):
         output = original_sample(self, *args, **kwargs)
         step = getattr(self, "_idlm_step", None)
-        policy = _policy_of(self)
-        if step is not None and policy is not None:
-            start, rows, spec = step
-            policy.cost.observe(rows, spec, time.perf_counter() - start)
-            self._idlm_step = None
+        if step is not None:
+            step[3] = time.perf_counter()
         return output
 
     GPUModelRunner.execute_model = execute_model
     GPUModelRunner.sample_tokens = sample_tokens
+
+
+def _observe_previous(runner, policy, now: float) -> None:
+    step = getattr(runner, "_idlm_step", None)
+    runner._idlm_step = None
+    if step is None or step[3] is None:
+        return
+    start, rows, spec, sampled = step
+    end = now if now - sampled <= IDLE_GAP_S else sampled
+    policy.cost.observe(rows, spec, end - start)
 
 
 def idlm_state(worker) -> dict | None:
