@@ -137,6 +137,22 @@ class StepCost:
             self.a, self.b, self.d = a, b, max(d, 0.0)
 
 
+# A gap longer than this between one step's end and the next step's start is idle time
+# (no work queued), not the cost of the step before it.
+IDLE_GAP_S = 0.05
+
+
+def observe_step(cost: StepCost, step: list | None, now: float) -> None:
+    """Feed `cost` one finished step, `step` = [start, rows, spec, end of its sampling], timed
+    to `now` (the next step's start) unless the engine idled in between; a step that never
+    sampled teaches nothing."""
+    if step is None or step[3] is None:
+        return
+    start, rows, spec, sampled = step
+    end = now if now - sampled <= IDLE_GAP_S else sampled
+    cost.observe(rows, spec, end - start)
+
+
 def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
     """Gaussian elimination with partial pivoting (None when singular)."""
     n = len(v)

@@ -104,17 +104,13 @@ def test_a_step_is_timed_to_the_next_steps_start_unless_the_engine_idled():
     """What the engine does between forwards counts in a step's cost; idle time does not."""
     from types import SimpleNamespace
 
-    from vllm_idlm.engine.runner import IDLE_GAP_S, _observe_previous
+    from vllm_idlm.adaptive import IDLE_GAP_S, observe_step
 
     seen = []
     cost = SimpleNamespace(observe=lambda rows, spec, seconds: seen.append((rows, spec, seconds)))
-    policy = SimpleNamespace(cost=cost)
-    runner = SimpleNamespace(_idlm_step=[10.0, 7, True, 10.008])  # sampled after 8 ms
-    _observe_previous(runner, policy, now=10.011)  # next step 3 ms later: busy
-    runner._idlm_step = [20.0, 1, False, 20.006]
-    _observe_previous(runner, policy, now=20.006 + 2 * IDLE_GAP_S)  # the engine idled
-    runner._idlm_step = [30.0, 1, False, None]  # never sampled: nothing to learn
-    _observe_previous(runner, policy, now=30.01)
+    observe_step(cost, [10.0, 7, True, 10.008], now=10.011)  # sampled after 8 ms, next 3 ms later
+    observe_step(cost, [20.0, 1, False, 20.006], now=20.006 + 2 * IDLE_GAP_S)  # the engine idled
+    observe_step(cost, [30.0, 1, False, None], now=30.01)  # never sampled: nothing to learn
+    observe_step(cost, None, now=40.0)  # the first step
     assert [(r, s) for r, s, _ in seen] == [(7, True), (1, False)]
     assert seen[0][2] == pytest.approx(0.011) and seen[1][2] == pytest.approx(0.006)
-    assert runner._idlm_step is None

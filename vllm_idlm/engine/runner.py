@@ -10,6 +10,7 @@ import time
 import torch
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from vllm_idlm.adaptive import observe_step
 from vllm_idlm.engine.proposer import IsdProposer
 from vllm_idlm.engine.sampler import IsdRejectionSampler
 
@@ -118,11 +119,6 @@ def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> N
     )
 
 
-# A gap longer than this between one step's end and the next step's start is idle time
-# (no work queued), not the cost of the step before it.
-IDLE_GAP_S = 0.05
-
-
 def _install_step_timing() -> None:
     """Time every step for the cost model: from one step's start (execute_model) to the next
     one's, so that what the engine does between forwards for the step (scheduling the draft
@@ -137,7 +133,7 @@ def _install_step_timing() -> None:
         rows = scheduler_output.total_num_scheduled_tokens
         if policy is not None and rows:
             now = time.perf_counter()
-            _observe_previous(self, policy, now)
+            observe_step(policy.cost, getattr(self, "_idlm_step", None), now)
             if not getattr(self, "_idlm_calibrated", False) and not policy.cost.pinned:
                 self._idlm_calibrated = True
                 with torch.inference_mode():
@@ -157,16 +153,6 @@ def _install_step_timing() -> None:
 
     GPUModelRunner.execute_model = execute_model
     GPUModelRunner.sample_tokens = sample_tokens
-
-
-def _observe_previous(runner, policy, now: float) -> None:
-    step = getattr(runner, "_idlm_step", None)
-    runner._idlm_step = None
-    if step is None or step[3] is None:
-        return
-    start, rows, spec, sampled = step
-    end = now if now - sampled <= IDLE_GAP_S else sampled
-    policy.cost.observe(rows, spec, end - start)
 
 
 def idlm_state(worker) -> dict | None:
