@@ -1,83 +1,100 @@
-"""A quick side-by-side check of the adaptive policy: plain, ISD K=1 and adaptive K<=4.
+"""A side-by-side check of the adaptive policy against plain decoding and fixed K.
 
     python benchmarks/adaptive_check.py --models ~/.cache/vllm-idlm/demo --c 1 8 64
 
-One engine per method (demo I-DLM; plain = the same checkpoint without speculation), greedy;
-at each c the held-out prompts go c at a time (batches, not a closed loop: quicker, and
-enough to compare the methods in one run). Prints tok/s, the ratio to plain, tokens per
-forward, and for adaptive what the policy believes (step cost, acceptance, strides chosen;
-counters accumulate over the concurrencies). `sweep.py` is the full benchmark.
+Every engine is started first and kept alive (one per method: plain = the same I-DLM checkpoint
+without speculation, ISD at each fixed K, adaptive), then at each concurrency c the methods
+take turns, round after round, each round in a rotated order, on the same held-out prompts
+(greedy, a closed loop of c requests). Interleaving puts every method under the same machine
+load, so the ratios hold on a busy machine where back-to-back runs drift. Prints tok/s, the
+ratio to plain and to the best fixed K, ISD's tokens per forward of its speculative rounds,
+and, for adaptive, what the policy believes (step cost, acceptance, strides chosen).
+`sweep.py` is the full benchmark (one engine at a time, T = 0.7 too, CSV and plot).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 from sweep import ENGINE, heldout
 
 
-def run(llm, prompts, c: int, max_tokens: int) -> float:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    batches = [prompts[i : i + c] for i in range(0, len(prompts), c)]
-
-    def generate(batch) -> int:
-        outputs = llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False
-        )
-        return sum(len(o.outputs[0].token_ids) for o in outputs)
-
-    generate(batches[0])  # warm-up
-    start, tokens = time.perf_counter(), 0
-    for batch in batches:
-        tokens += generate(batch)
-    return tokens / (time.perf_counter() - start)
+def parse_method(name: str) -> dict | None:
+    """`plain`, `K=<k>` or `adaptive` (adaptive may use every stride up to --max-k)."""
+    if name == "plain":
+        return None
+    if name.startswith("K="):
+        return {"method": "idlm", "num_speculative_tokens": int(name[2:])}
+    if name == "adaptive":
+        return {"method": "idlm", "adaptive": True}
+    raise SystemExit(f"adaptive_check: unknown method {name!r} (plain, K=<k>, adaptive)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=Path("~/.cache/vllm-idlm/demo"))
     ap.add_argument("--c", type=int, nargs="+", default=[1, 8, 64])
-    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--methods", nargs="+", default=["plain", "K=1", "K=3", "adaptive"])
+    ap.add_argument("--max-k", type=int, default=3, help="adaptive's largest stride")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=16, help="per round, at least c")
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
     args.models = args.models.expanduser()
 
-    from vllm import LLM
+    from vllm import LLM, SamplingParams
 
-    from vllm_idlm.metrics import read_isd_metrics
+    from vllm_idlm.measure import timed_generate
 
-    prompts = heldout(args.models, args.prompts, 32)
-    methods = {
-        "plain": None,
-        "ISD K=1": {"method": "idlm", "num_speculative_tokens": 1},
-        "adaptive K<=4": {"method": "idlm", "num_speculative_tokens": 4, "adaptive": True},
-    }
-    plain: dict[int, float] = {}
-    for name, spec in methods.items():
-        llm = LLM(
+    prompts = heldout(args.models, max(args.prompts, max(args.c)) * args.rounds, 32)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    engines = {}
+    for name in args.methods:
+        spec = parse_method(name)
+        if spec is not None and spec.get("adaptive"):
+            spec["num_speculative_tokens"] = args.max_k
+        engines[name] = LLM(
             model=str(args.models / "idlm"),
             max_num_seqs=max(args.c),
             speculative_config=spec,
             **ENGINE,
         )
-        for c in args.c:
-            rate = run(llm, prompts, c, args.max_tokens)
-            plain.setdefault(c, rate)
-            line = f"{name:14s} c={c:3d} {rate:8.1f} tok/s {rate / plain[c]:5.2f}x"
-            if spec is not None:
-                line += f"  TPF {read_isd_metrics(llm.get_metrics()).tokens_per_forward:.2f}"
+        timed_generate(engines[name], prompts[:2], params, concurrency=2)  # warm-up
+
+    names = list(engines)
+    for c in args.c:
+        per_round = max(args.prompts, c)
+        seconds = dict.fromkeys(names, 0.0)
+        tokens = dict.fromkeys(names, 0)
+        rounds, accepted = dict.fromkeys(names, 0), dict.fromkeys(names, 0)
+        for r in range(args.rounds):
+            batch = prompts[r * per_round : (r + 1) * per_round]
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                result = timed_generate(engines[name], batch, params, concurrency=c)
+                seconds[name] += result.seconds
+                tokens[name] += result.num_tokens
+                rounds[name] += result.metrics.num_rounds
+                accepted[name] += result.metrics.num_accepted_tokens
+        rate = {n: tokens[n] / seconds[n] for n in names}
+        plain = rate.get("plain")
+        fixed = [rate[n] for n in names if n.startswith("K=")]
+        best_fixed = max(fixed) if fixed else None
+        for name in names:
+            line = f"{name:9s} c={c:3d} {rate[name]:8.1f} tok/s"
+            if plain:
+                line += f"  {rate[name] / plain:5.2f}x plain"
+            if best_fixed and name == "adaptive":
+                line += f"  {rate[name] / best_fixed:5.2f}x best fixed K"
+            if rounds[name]:
+                line += f"  TPF {1 + accepted[name] / rounds[name]:.2f} (speculative rounds)"
             print(line, flush=True)
-        if spec is not None and spec.get("adaptive"):
-            (state,) = llm.collective_rpc("idlm_state")
-            print(f"  policy: {state['step_cost']}, acceptance {state['engine_acceptance']}")
-            print(f"  strides chosen (request-steps): {state['strides_chosen']}")
+    if "adaptive" in engines:
+        (state,) = engines["adaptive"].collective_rpc("idlm_state")
+        print(f"  policy: {state['step_cost']}, acceptance {state['engine_acceptance']}")
+        print(f"  strides chosen (request-steps, all c): {state['strides_chosen']}")
+    for llm in engines.values():
         llm.llm_engine.engine_core.shutdown()
-        del llm
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ The acceptance estimates are per request and per position (an exponential moving
 of the conditional acceptance a_j = r_j / r_{j-1}, started from the engine-wide average),
 and the policy keeps a request's k unless the change gains more than `hysteresis` and the
 request has kept its k for `min_dwell` steps. Positions a request no longer drafts are not
-left unobserved: every `probe_every` steps it drafts one position more than it chose.
+left unobserved: every `probe_every` steps it drafts one position more than it chose (plain
+requests all on the same step).
 Exactness does not depend on any of this: whatever is drafted is verified exactly.
 """
 
@@ -187,6 +188,7 @@ class StridePolicy:
         self.engine_conditional = [config.prior] * config.max_drafts
         self.requests: dict[str, _RequestState] = {}
         self.chosen: dict[int, int] = {}  # k -> how many request-steps were given it
+        self.step = 0  # engine steps chosen for
 
     def _state(self, req_id: str) -> _RequestState:
         state = self.requests.get(req_id)
@@ -223,6 +225,7 @@ class StridePolicy:
         tables = [s.table for s in states]
         best, goodput = self._best(tables)
         b, choices = self.cost.b, self.config.choices
+        self.step += 1
         chosen = []
         for state, (tokens, rows), k_new in zip(states, tables, best, strict=True):
             state.steps += 1
@@ -236,11 +239,22 @@ class StridePolicy:
                 if new > old + self.config.hysteresis * max(abs(old), 1e-9):
                     state.k, state.dwell = k_new, 0
             k = state.k
-            if k < self.config.max_drafts and state.steps % self.config.probe_every == 0:
+            if k < self.config.max_drafts and self._probes(state):
                 k = next(c for c in choices if c > k)  # probe one position more
             chosen.append(k)
             self.chosen[k] = self.chosen.get(k, 0) + 1
         return chosen
+
+    def _probes(self, state: _RequestState) -> bool:
+        """Whether a request looks one position further this step. A drafting request probes
+        on its own schedule (its step pays the speculative path anyway); plain requests probe
+        together, on the same engine step, so that a batch decoding plainly pays the
+        speculative path on one step in `probe_every` (and the verify step after it), not on
+        every step that one of its requests happens to probe."""
+        every = self.config.probe_every
+        if state.k > 0:
+            return state.steps % every == 0
+        return self.step % every == 0
 
     def best_strides(self, rates: Sequence[Sequence[float]]) -> tuple[list[int], float]:
         """Dinkelbach's iteration for the strides of most expected tokens per second of the

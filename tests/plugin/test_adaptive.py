@@ -74,6 +74,20 @@ def test_hysteresis_and_dwell_keep_k_from_flapping_and_probes_look_further():
     assert ks.count(1) == 2 and ks.count(0) == 8  # a probe every 5 steps drafts one position
 
 
+def test_plain_requests_probe_on_the_same_step():
+    """A batch decoding plainly pays the speculative path on one step in probe_every, however
+    the requests' own step counts are staggered."""
+    q = policy(a=0.0001, b=0.001, probe_every=4)  # compute-bound: plain
+    drafting_steps = []
+    for step in range(16):
+        # A new request joins every step: their own step counts all differ.
+        ks = q.choose([f"r{i}" for i in range(step + 1)])
+        if any(ks):
+            drafting_steps.append(step)
+            assert all(k == 1 for k in ks)  # everyone probes then, one position
+    assert drafting_steps == [3, 7, 11, 15]
+
+
 def test_a_pinned_step_cost_ignores_what_steps_measure():
     cost = StepCost(a=0.010, b=0.0002, pinned=True)
     for i in range(50):
