@@ -50,7 +50,7 @@ def profile(model: Path, prompts, spec, c: int) -> None:
 def main() -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine in this process: profilable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    from demo import heldout_prompts
+    from demo_tiny import heldout_prompts
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", type=Path, default=Path("~/.cache/vllm-idlm/demo").expanduser())

@@ -9,8 +9,8 @@ it stays warm with probability r_k, so per forward (ADAPTIVE.md):
     rows(k)   = (2k + 1 + (1 - r_k)(k + 1)) / (2 - r_k)
 
 and k = 0 is plain decoding: one row, one token. A step costs c(R) = a + b R (+ d when any
-request carries draft slots: vLLM's speculative path is not free), R the query rows of the
-batch. The policy maximises G = sum_i tokens_i(k_i) / c(sum_i rows_i(k_i)) with Dinkelbach's
+request carries draft slots: vLLM's speculative path is not free), R the decode rows of the
+batch (prompt tokens of prefill chunks are fitted as a term of their own). The policy maximises G = sum_i tokens_i(k_i) / c(sum_i rows_i(k_i)) with Dinkelbach's
 iteration: given G, each request independently takes the k maximising
 tokens_i(k) - G b rows_i(k); G is recomputed until it stops moving. The all-plain batch
 (no speculative path, no d) is the alternative it must beat.
@@ -87,55 +87,64 @@ def rows_per_forward(rates: Sequence[float], k: int) -> float:
 
 @dataclass
 class StepCost:
-    """c(R, spec) = a + b R + d [spec], refined online by exponentially weighted least squares
-    (pinned: kept as given, neither measured nor refitted)."""
+    """c(R, spec) = a + b R + d [spec] for a step of R decode rows (query rows that sample),
+    refined online by exponentially weighted least squares (pinned: kept as given, neither
+    measured nor refitted). Steps that also carry prompt tokens (prefill chunks) are fitted
+    with a fourth term, p per prompt token: prompt rows cost a forward but no sampling and no
+    per-request work, and in a busy engine most steps carry some; counting them as rows
+    would price the policy's rows at the prompt rows' rate."""
 
     a: float
     b: float
     d: float = 0.0
+    p: float = 0.0
     forget: float = 0.98
     pinned: bool = False
-    # Weighted sufficient statistics of (x = [1, R, spec], t).
-    _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
-    _xt: list[float] = field(default_factory=lambda: [0.0] * 3)
+    # Weighted sufficient statistics of (x = [1, R, spec, prompt tokens], t).
+    _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
+    _xt: list[float] = field(default_factory=lambda: [0.0] * 4)
     _seen: int = 0
 
     def __call__(self, rows: float, spec: bool) -> float:
         return self.a + self.b * rows + (self.d if spec else 0.0)
 
-    def observe(self, rows: int, spec: bool, seconds: float) -> None:
+    def observe(self, rows: int, spec: bool, seconds: float, prompt_tokens: int = 0) -> None:
         if self.pinned:
             return
-        x = (1.0, float(rows), 1.0 if spec else 0.0)
-        for i in range(3):
+        x = (1.0, float(rows), 1.0 if spec else 0.0, float(prompt_tokens))
+        for i in range(4):
             self._xt[i] = self.forget * self._xt[i] + x[i] * seconds
-            for j in range(3):
+            for j in range(4):
                 self._xx[i][j] = self.forget * self._xx[i][j] + x[i] * x[j]
         self._seen += 1
         if self._seen >= 8:
             self._refit()
 
     def _refit(self) -> None:
-        """Weighted least squares over what varied: with the speculative indicator constant
-        (every step drafted, or none) d keeps its value; with R constant b keeps its value."""
+        """Weighted least squares over what varied: a coefficient whose regressor stayed
+        constant (every step drafted, or none; no prompt tokens) keeps its value."""
         xx, xt = self._xx, self._xt
         w = xx[0][0]
-        mean_r, mean_s = xx[0][1] / w, xx[0][2] / w
-        var_r = xx[1][1] / w - mean_r**2
-        var_s = xx[2][2] / w - mean_s**2
-        fit_b = var_r > 1e-6 * max(mean_r**2, 1.0)
-        fit_d = 0.01 < mean_s < 0.99 and var_s > 1e-4
-        free = [0] + ([1] if fit_b else []) + ([2] if fit_d else [])
-        fixed = {1: self.b, 2: self.d}
+        mean = [xx[0][i] / w for i in range(4)]
+        var = [xx[i][i] / w - mean[i] ** 2 for i in range(4)]
+        free = [0]
+        if var[1] > 1e-6 * max(mean[1] ** 2, 1.0):
+            free.append(1)
+        if 0.01 < mean[2] < 0.99 and var[2] > 1e-4:
+            free.append(2)
+        if var[3] > 1e-6 * max(mean[3] ** 2, 1.0):
+            free.append(3)
+        current = {1: self.b, 2: self.d, 3: self.p}
+        fixed = {j: v for j, v in current.items() if j not in free}
         m = [[xx[i][j] for j in free] for i in free]
-        v = [xt[i] - sum(xx[i][j] * fixed[j] for j in fixed if j not in free) for i in free]
+        v = [xt[i] - sum(xx[i][j] * c for j, c in fixed.items()) for i in free]
         solved = _solve(m, v)
         if solved is None:
             return
-        values = dict(zip(free, solved, strict=True))
-        a, b, d = values[0], values.get(1, self.b), values.get(2, self.d)
-        if a > 0 and b > 0:
-            self.a, self.b, self.d = a, b, max(d, 0.0)
+        values = {**current, **dict(zip(free, solved, strict=True))}
+        if values[0] > 0 and values[1] > 0:
+            self.a, self.b = values[0], values[1]
+            self.d, self.p = max(values[2], 0.0), max(values[3], 0.0)
 
 
 # A gap longer than this between one step's end and the next step's start is idle time
@@ -143,15 +152,24 @@ class StepCost:
 IDLE_GAP_S = 0.05
 
 
-def observe_step(cost: StepCost, step: list | None, now: float) -> None:
-    """Feed `cost` one finished step, `step` = [start, rows, spec, end of its sampling], timed
-    to `now` (the next step's start) unless the engine idled in between; a step that never
-    sampled teaches nothing."""
-    if step is None or step[3] is None:
+@dataclass
+class StepRecord:
+    """One engine step as the cost model learns from it."""
+
+    start: float
+    rows: int  # decode rows: one per request plus its draft slots
+    spec: bool  # some request carried draft slots
+    prompt_tokens: int = 0  # rows of prefill chunks
+    sampled: float | None = None  # when its sampling ended
+
+
+def observe_step(cost: StepCost, step: StepRecord | None, now: float) -> None:
+    """Feed `cost` one finished step, timed to `now` (the next step's start) unless the engine
+    idled in between; a step that never sampled teaches nothing."""
+    if step is None or step.sampled is None:
         return
-    start, rows, spec, sampled = step
-    end = now if now - sampled <= IDLE_GAP_S else sampled
-    cost.observe(rows, spec, end - start)
+    end = now if now - step.sampled <= IDLE_GAP_S else step.sampled
+    cost.observe(step.rows, step.spec, end - step.start, step.prompt_tokens)
 
 
 def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:

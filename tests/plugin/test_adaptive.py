@@ -35,6 +35,21 @@ def test_step_cost_recovers_a_linear_model_from_observed_steps():
     assert cost.d == pytest.approx(0.002, rel=0.1)
 
 
+def test_prompt_tokens_are_fitted_apart_from_decode_rows():
+    """Prefill chunks in a busy engine: prompt tokens are cheap rows; counted as decode rows
+    they would drag the per-row cost down."""
+    cost = StepCost(a=1.0, b=1.0)
+    for i in range(300):
+        rows = 64 + (i * 37) % 128
+        spec = i % 4 != 0
+        prompt = 32 * (i % 3)
+        t = 0.007 + 0.0003 * rows + (0.001 if spec else 0.0) + 0.00002 * prompt
+        cost.observe(rows, spec, t, prompt)
+    assert cost.b == pytest.approx(0.0003, rel=0.02)
+    assert cost.p == pytest.approx(0.00002, rel=0.05)
+    assert cost.a == pytest.approx(0.007, rel=0.05) and cost.d == pytest.approx(0.001, rel=0.1)
+
+
 def policy(a, b, d=0.0, prior=0.8, **kw) -> StridePolicy:
     return StridePolicy(AdaptiveConfig(strides=(1, 2, 3), prior=prior, **kw), StepCost(a, b, d))
 
@@ -118,13 +133,19 @@ def test_a_step_is_timed_to_the_next_steps_start_unless_the_engine_idled():
     """What the engine does between forwards counts in a step's cost; idle time does not."""
     from types import SimpleNamespace
 
-    from vllm_idlm.adaptive import IDLE_GAP_S, observe_step
+    from vllm_idlm.adaptive import IDLE_GAP_S, StepRecord, observe_step
 
     seen = []
-    cost = SimpleNamespace(observe=lambda rows, spec, seconds: seen.append((rows, spec, seconds)))
-    observe_step(cost, [10.0, 7, True, 10.008], now=10.011)  # sampled after 8 ms, next 3 ms later
-    observe_step(cost, [20.0, 1, False, 20.006], now=20.006 + 2 * IDLE_GAP_S)  # the engine idled
-    observe_step(cost, [30.0, 1, False, None], now=30.01)  # never sampled: nothing to learn
+
+    def observe(rows, spec, seconds, prompt):
+        seen.append((rows, spec, seconds, prompt))
+
+    cost = SimpleNamespace(observe=observe)
+    busy = StepRecord(10.0, 7, True, 0, sampled=10.008)
+    observe_step(cost, busy, now=10.011)  # sampled after 8 ms, next 3 ms later
+    idled = StepRecord(20.0, 1, False, 32, sampled=20.006)
+    observe_step(cost, idled, now=20.006 + 2 * IDLE_GAP_S)  # the engine idled
+    observe_step(cost, StepRecord(30.0, 1, False), now=30.01)  # never sampled: nothing learnt
     observe_step(cost, None, now=40.0)  # the first step
-    assert [(r, s) for r, s, _ in seen] == [(7, True), (1, False)]
+    assert [(r, s, p) for r, s, _, p in seen] == [(7, True, 0), (1, False, 32)]
     assert seen[0][2] == pytest.approx(0.011) and seen[1][2] == pytest.approx(0.006)

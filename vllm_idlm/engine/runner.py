@@ -10,7 +10,7 @@ import time
 import torch
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from vllm_idlm.adaptive import observe_step
+from vllm_idlm.adaptive import StepRecord, observe_step
 from vllm_idlm.engine.proposer import IsdProposer
 from vllm_idlm.engine.sampler import IsdRejectionSampler
 
@@ -130,8 +130,8 @@ def _install_step_timing() -> None:
     @functools.wraps(original_execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
         policy = _policy_of(self)
-        rows = scheduler_output.total_num_scheduled_tokens
-        if policy is not None and rows:
+        total = scheduler_output.total_num_scheduled_tokens
+        if policy is not None and total:
             now = time.perf_counter()
             observe_step(policy.cost, getattr(self, "_idlm_step", None), now)
             if not getattr(self, "_idlm_calibrated", False) and not policy.cost.pinned:
@@ -139,8 +139,11 @@ def _install_step_timing() -> None:
                 with torch.inference_mode():
                     calibrate(self, policy)
                 now = time.perf_counter()
-            spec = bool(scheduler_output.scheduled_spec_decode_tokens)
-            self._idlm_step = [now, rows, spec, None]  # start, rows, spec, end of sampling
+            slots = scheduler_output.scheduled_spec_decode_tokens
+            requests = len(scheduler_output.num_scheduled_tokens)
+            # A row that samples per request and per draft slot; the rest are prompt tokens.
+            rows = min(requests + sum(map(len, slots.values())), total)
+            self._idlm_step = StepRecord(now, rows, bool(slots), total - rows)
         return original_execute(self, scheduler_output, *args, **kwargs)
 
     @functools.wraps(original_sample)
@@ -148,7 +151,7 @@ def _install_step_timing() -> None:
         output = original_sample(self, *args, **kwargs)
         step = getattr(self, "_idlm_step", None)
         if step is not None:
-            step[3] = time.perf_counter()
+            step.sampled = time.perf_counter()
         return output
 
     GPUModelRunner.execute_model = execute_model
