@@ -38,7 +38,7 @@ def profile(model: Path, prompts, spec, c: int) -> None:
     profiler.disable()
     stats = pstats.Stats(profiler)
     steps = next(
-        (n for (f, _, name), (_, n, *_) in stats.stats.items() if name == "execute_model"), 0
+        (n for (_, _, name), (_, n, *_) in stats.stats.items() if name == "execute_model"), 0
     )
     print(f"\n=== {'plain' if spec is None else spec}, c = {c}, {steps} steps ===")
     stats.sort_stats("cumulative").print_stats(FUNCTIONS, 20)
@@ -55,7 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", type=Path, default=Path("~/.cache/vllm-idlm/demo").expanduser())
     parser.add_argument("--k", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=None, help="default 8, or c")
+    parser.add_argument("--prompts", type=int, default=None, help="default: max(8, c)")
     parser.add_argument("--c", type=int, default=1)
     args = parser.parse_args()
     prompts = heldout_prompts(args.models / "idlm", args.prompts or max(8, args.c), 32)

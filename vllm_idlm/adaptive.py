@@ -10,7 +10,8 @@ it stays warm with probability r_k, so per forward (ADAPTIVE.md):
 
 and k = 0 is plain decoding: one row, one token. A step costs c(R) = a + b R (+ d when any
 request carries draft slots: vLLM's speculative path is not free), R the decode rows of the
-batch (prompt tokens of prefill chunks are fitted as a term of their own). The policy maximises G = sum_i tokens_i(k_i) / c(sum_i rows_i(k_i)) with Dinkelbach's
+batch (prompt tokens of prefill chunks are fitted as a term of their own). The policy
+maximises G = sum_i tokens_i(k_i) / c(sum_i rows_i(k_i)) with Dinkelbach's
 iteration: given G, each request independently takes the k maximising
 tokens_i(k) - G b rows_i(k); G is recomputed until it stops moving. The all-plain batch
 (no speculative path, no d) is the alternative it must beat.
