@@ -9,6 +9,7 @@ take turns, round after round, each round in a rotated order, on the same held-o
 load, so the ratios hold on a busy machine where back-to-back runs drift. Prints tok/s, the
 ratio to plain and to the best fixed K, ISD's tokens per round (forward with draft slots),
 and, for adaptive, what the policy believes (step cost, acceptance, strides chosen).
+`--methods plain zero-draft` measures what a step costs on the ISD path when no request drafts.
 `sweep.py` is the full benchmark (one engine at a time, T = 0.7 too, CSV and plot).
 """
 
@@ -19,16 +20,24 @@ from pathlib import Path
 
 from sweep import ENGINE, heldout
 
+# A pinned step cost under which drafting never pays, and no probes: every step of this
+# engine is a zero-draft step on the ISD path (what the plugin costs when nobody drafts).
+NEVER_DRAFTS = {"step_ms": 1e-3, "row_ms": 1e3, "probe_every": 1 << 30}
+
 
 def parse_method(name: str) -> dict | None:
-    """`plain`, `K=<k>` or `adaptive` (adaptive may use every stride up to --max-k)."""
+    """`plain`, `K=<k>`, `adaptive` (every stride up to --max-k) or `zero-draft`."""
     if name == "plain":
         return None
     if name.startswith("K="):
         return {"method": "idlm", "num_speculative_tokens": int(name[2:])}
     if name == "adaptive":
         return {"method": "idlm", "adaptive": True}
-    raise SystemExit(f"adaptive_check: unknown method {name!r} (plain, K=<k>, adaptive)")
+    if name == "zero-draft":
+        return {"method": "idlm", "adaptive": NEVER_DRAFTS}
+    raise SystemExit(
+        f"adaptive_check: unknown method {name!r} (plain, K=<k>, adaptive, zero-draft)"
+    )
 
 
 def isd_rounds(llm) -> int:
@@ -63,7 +72,7 @@ def main() -> None:
     engines = {}
     for name in args.methods:
         spec = parse_method(name)
-        if spec is not None and spec.get("adaptive"):
+        if spec is not None and "adaptive" in spec:
             spec["num_speculative_tokens"] = args.max_k
         engines[name] = LLM(
             model=str(args.models / "idlm"),
