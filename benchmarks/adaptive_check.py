@@ -26,8 +26,9 @@ NEVER_DRAFTS = {"step_ms": 1e-3, "row_ms": 1e3, "probe_every": 1 << 30}
 
 
 def parse_method(name: str) -> dict | None:
-    """`plain`, `K=<k>`, `adaptive` (every stride up to --max-k) or `zero-draft`."""
-    if name == "plain":
+    """`plain`, `plain-sync` (without async scheduling, which vLLM turns off for ISD), `K=<k>`,
+    `adaptive` (every stride up to --max-k) or `zero-draft`."""
+    if name in ("plain", "plain-sync"):
         return None
     if name.startswith("K="):
         return {"method": "idlm", "num_speculative_tokens": int(name[2:])}
@@ -36,7 +37,7 @@ def parse_method(name: str) -> dict | None:
     if name == "zero-draft":
         return {"method": "idlm", "adaptive": NEVER_DRAFTS}
     raise SystemExit(
-        f"adaptive_check: unknown method {name!r} (plain, K=<k>, adaptive, zero-draft)"
+        f"adaptive_check: unknown method {name!r} (plain, plain-sync, K=<k>, adaptive, zero-draft)"
     )
 
 
@@ -79,6 +80,7 @@ def main() -> None:
             max_num_seqs=max(args.c),
             speculative_config=spec,
             **ENGINE,
+            **({"async_scheduling": False} if name == "plain-sync" else {}),
         )
         timed_generate(engines[name], prompts[:2], params, concurrency=2)  # warm-up
 
