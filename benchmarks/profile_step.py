@@ -2,6 +2,7 @@
 
 python benchmarks/profile_step.py --models ~/.cache/vllm-idlm/demo --k 3
 python benchmarks/profile_step.py --models ~/.cache/vllm-idlm/demo --k 1 --c 64   # under load
+python benchmarks/profile_step.py --zero-draft --c 64 --prompts 64   # ISD engine, no drafts
 
 `--c` requests are decoded together (64 prompts by default then); one at a time by default.
 """
@@ -57,9 +58,17 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=None, help="default: max(8, c)")
     parser.add_argument("--c", type=int, default=1)
+    parser.add_argument(
+        "--zero-draft", action="store_true", help="an ISD engine in which no request drafts"
+    )
     args = parser.parse_args()
     prompts = heldout_prompts(args.models / "idlm", args.prompts or max(8, args.c), 32)
     spec = {"method": "idlm", "num_speculative_tokens": args.k}
+    if args.zero_draft:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from adaptive_check import NEVER_DRAFTS
+
+        spec["adaptive"] = NEVER_DRAFTS
     profile(args.models / "idlm", prompts, None, args.c)
     profile(args.models / "idlm", prompts, spec, args.c)
 
