@@ -190,7 +190,7 @@ def check_draft_probs(draft_probs: Tensor, num_draft_tokens: Tensor, temperature
 _CHUNK_ROWS = 256
 
 
-def _argmax_without(logits: Tensor, token_id: int) -> Tensor:
+def argmax_without(logits: Tensor, token_id: int) -> Tensor:
     """argmax of every row with ``token_id`` excluded, without copying the logits."""
     ids = logits.argmax(dim=-1)
     hit = torch.nonzero(ids == token_id).flatten()
@@ -252,7 +252,7 @@ def isd_verify_and_draft_ref(
     n = num_draft_tokens.long()
     layout = row_layout(n, num_mask_tokens, num_rows)
     greedy_row = (temperature < _SAMPLING_EPS)[layout.row_req]
-    row_ids = _argmax_without(logits, mask_token_id)  # greedy: bonus tokens and next drafts
+    row_ids = argmax_without(logits, mask_token_id)  # greedy: bonus tokens and next drafts
     argmax_ids = row_ids.clone()
     random_rows = torch.nonzero(~greedy_row).flatten()
     # Where each row sits among the random rows (-1: greedy row).

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import torch
 
+from idlm_kernels.isd_sample import argmax_without
 from idlm_kernels.ops import IsdStep, isd_verify_and_draft
 
-__all__ = ["IsdStep", "draw_randomness", "verify_and_draft"]
+__all__ = ["IsdStep", "draw_randomness", "sample_without_drafts", "verify_and_draft"]
 
 
 def draw_randomness(
@@ -130,3 +131,33 @@ def verify_and_draft(
         mask_token_id,
         max_num_draft_tokens=max(n, default=0),  # known here: saves a device sync
     )
+
+
+def sample_without_drafts(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None,
+    generators: dict[int, torch.Generator] | None,
+    mask_token_id: int,
+    all_greedy: bool,
+) -> torch.Tensor:
+    """One token per request for a step in which no request carries draft slots (one logits
+    row each): what `verify_and_draft` emits for it (every row a bonus row, the same random
+    numbers from the same generators), without its layout work when every request is greedy.
+    temperature: as for `verify_and_draft` (None when every request is greedy). [B] int64."""
+    if all_greedy:
+        return argmax_without(logits, mask_token_id)
+    num_requests = logits.shape[0]
+    step = verify_and_draft(
+        logits,
+        torch.zeros(0, dtype=torch.int64, device=logits.device),
+        None,
+        [0] * num_requests,
+        [0] * num_requests,
+        temperature,
+        None,
+        None,
+        generators,
+        mask_token_id,
+        all_greedy=False,
+    )
+    return step.output_token_ids[:, 0]

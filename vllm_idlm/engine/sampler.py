@@ -40,7 +40,7 @@ from vllm.v1.sample.rejection_sampler import (
 from vllm_idlm.config import IsdOptions
 from vllm_idlm.engine.state import IsdState, StoredDrafts
 from vllm_idlm.slots import SlotPlan, plan_slots
-from vllm_idlm.verifier import verify_and_draft
+from vllm_idlm.verifier import sample_without_drafts, verify_and_draft
 
 logger = logging.getLogger("vllm_idlm")
 
@@ -84,21 +84,48 @@ class IsdRejectionSampler(RejectionSampler):
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         sm = sampling_metadata
-        device = logits.device
-        batch = self._batch(metadata, sm)
-        plan = plan_slots(batch.slots, self.options.mask_token_id, self.options.num_drafts)
-        plan, stored_probs = self._stored_draft_probs(plan, batch, logits.shape[-1], device)
-
         width = metadata.max_spec_len + 1
-        logprob_rows = self._logprob_row_indices(metadata, width, logits.shape[0])
         want_logprobs = sm.max_num_logprobs is not None
+        if want_logprobs:
+            logprob_rows = self._logprob_row_indices(metadata, width, logits.shape[0])
         raw_rows = (
             logits[logprob_rows].float()
             if want_logprobs and not self.is_processed_logprobs_mode
             else None
         )
-
         rows = self._target_rows(logits, metadata, sm)
+        if metadata.max_spec_len == 0:
+            output = self._sample_without_slots(rows, sm)
+        else:
+            output = self._verify_and_draft(metadata, rows, sm, width)
+
+        logprobs_tensors = None
+        if want_logprobs:
+            source = raw_rows if raw_rows is not None else rows[logprob_rows]
+            logprobs = (
+                source if self.is_logits_logprobs_mode else self.sampler.compute_logprobs(source)
+            )
+            tokens = output.flatten().to(torch.int64)
+            tokens[tokens == PLACEHOLDER_TOKEN_ID] = 0
+            logprobs_tensors = self.sampler.gather_logprobs(logprobs, sm.max_num_logprobs, tokens)
+        return SamplerOutput(sampled_token_ids=output, logprobs_tensors=logprobs_tensors)
+
+    def _sample_without_slots(self, rows: torch.Tensor, sm) -> torch.Tensor:
+        """A step in which no request carries a draft slot (the whole batch decodes plainly):
+        one row per request, no ISD state to keep. [requests, 1] int32."""
+        temperature = None if sm.all_greedy else (sm.temperature >= 1e-5).to(torch.float32)
+        ids = sample_without_drafts(
+            rows, temperature, sm.generators, self.options.mask_token_id, sm.all_greedy
+        )
+        return ids.to(torch.int32).view(-1, 1)
+
+    def _verify_and_draft(self, metadata, rows: torch.Tensor, sm, width: int) -> torch.Tensor:
+        """Verify every request's drafts and draft from its MASK rows; keeps the next drafts
+        in the ISD state. [requests, width] int32, placeholders after the emitted tokens."""
+        device = rows.device
+        batch = self._batch(metadata, sm)
+        plan = plan_slots(batch.slots, self.options.mask_token_id, self.options.num_drafts)
+        plan, stored_probs = self._stored_draft_probs(plan, batch, rows.shape[-1], device)
         step = verify_and_draft(
             rows,
             torch.tensor(plan.draft_token_ids, dtype=torch.int64, device=device),
@@ -122,17 +149,7 @@ class IsdRejectionSampler(RejectionSampler):
         output[:, : step.output_token_ids.shape[1]] = step.output_token_ids.to(torch.int32)
         if batch.live:
             self._record(batch, plan, num_accepted, next_ids, step.next_draft_probs)
-
-        logprobs_tensors = None
-        if want_logprobs:
-            source = raw_rows if raw_rows is not None else rows[logprob_rows]
-            logprobs = (
-                source if self.is_logits_logprobs_mode else self.sampler.compute_logprobs(source)
-            )
-            tokens = output.flatten().to(torch.int64)
-            tokens[tokens == PLACEHOLDER_TOKEN_ID] = 0
-            logprobs_tensors = self.sampler.gather_logprobs(logprobs, sm.max_num_logprobs, tokens)
-        return SamplerOutput(sampled_token_ids=output, logprobs_tensors=logprobs_tensors)
+        return output
 
     def _batch(self, metadata, sm) -> _Batch:
         num_slots = list(metadata.num_draft_tokens)
