@@ -101,6 +101,7 @@ class StepCost:
     p: float = 0.0
     forget: float = 0.98
     pinned: bool = False
+    refit_every: int = 8  # steps between least-squares solves (statistics every step)
     # Weighted sufficient statistics of (x = [1, R, spec, prompt tokens], t).
     _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
     _xt: list[float] = field(default_factory=lambda: [0.0] * 4)
@@ -118,7 +119,7 @@ class StepCost:
             for j in range(4):
                 self._xx[i][j] = self.forget * self._xx[i][j] + x[i] * x[j]
         self._seen += 1
-        if self._seen >= 8:
+        if self._seen % self.refit_every == 0:
             self._refit()
 
     def _refit(self) -> None:
@@ -208,6 +209,9 @@ class StridePolicy:
         self.requests: dict[str, _RequestState] = {}
         self.chosen: dict[int, int] = {}  # k -> how many request-steps were given it
         self.step = 0  # engine steps chosen for
+        # The batch's best strides, kept while neither the batch, nor any of its requests'
+        # estimates, nor the step cost changed (most steps of a batch decoding plainly).
+        self._decision: tuple[tuple, list[int], float] | None = None
 
     def _state(self, req_id: str) -> _RequestState:
         state = self.requests.get(req_id)
@@ -227,10 +231,12 @@ class StridePolicy:
             state.conditional[j] += w * (hit - state.conditional[j])
             self.engine_conditional[j] += (w / 4) * (hit - self.engine_conditional[j])
         state.table = None
+        self._decision = None
 
     def forget(self, req_ids) -> None:
         for req_id in req_ids:
-            self.requests.pop(req_id, None)
+            if self.requests.pop(req_id, None) is not None:
+                self._decision = None
 
     def rates(self, req_id: str) -> list[float]:
         return cumulative(self._state(req_id).conditional)
@@ -238,12 +244,17 @@ class StridePolicy:
     def choose(self, req_ids: Sequence[str]) -> list[int]:
         """The stride of every request for its next step (in `req_ids` order)."""
         states = [self._state(r) for r in req_ids]
-        for s in states:
-            if s.table is None:
-                s.table = _table(cumulative(s.conditional), self.config.choices)
+        key = (tuple(req_ids), self.cost.a, self.cost.b, self.cost.d)
+        if self._decision is None or self._decision[0] != key:
+            for s in states:
+                if s.table is None:
+                    s.table = _table(cumulative(s.conditional), self.config.choices)
+            tokens = np.array([s.table[0] for s in states]).reshape(len(states), -1)
+            rows = np.array([s.table[1] for s in states]).reshape(len(states), -1)
+            self._decision = (key, *self._best(tokens, rows))
+        _, best, goodput = self._decision
         tables = [s.table for s in states]
-        best, goodput = self._best(tables)
-        b, choices = self.cost.b, self.config.choices
+        b, choices, max_drafts = self.cost.b, self.config.choices, self.config.max_drafts
         self.step += 1
         chosen = []
         for state, (tokens, rows), k_new in zip(states, tables, best, strict=True):
@@ -258,7 +269,7 @@ class StridePolicy:
                 if new > old + self.config.hysteresis * max(abs(old), 1e-9):
                     state.k, state.dwell = k_new, 0
             k = state.k
-            if k < self.config.max_drafts and self._probes(state):
+            if k < max_drafts and self._probes(state):
                 k = next(c for c in choices if c > k)  # probe one position more
             chosen.append(k)
             self.chosen[k] = self.chosen.get(k, 0) + 1
@@ -278,22 +289,21 @@ class StridePolicy:
     def best_strides(self, rates: Sequence[Sequence[float]]) -> tuple[list[int], float]:
         """Dinkelbach's iteration for the strides of most expected tokens per second of the
         batch; the all-plain batch as the alternative."""
-        return self._best([_table(r, self.config.choices) for r in rates])
+        tables = [_table(r, self.config.choices) for r in rates]
+        return self._best(np.array([t for t, _ in tables]), np.array([r for _, r in tables]))
 
-    def _best(self, tables: list[tuple[list[float], list[float]]]) -> tuple[list[int], float]:
-        """`best_strides` over per-request (tokens, rows) per choice, computed once a step."""
+    def _best(self, tokens: np.ndarray, rows: np.ndarray) -> tuple[list[int], float]:
+        """`best_strides` over per-request tokens and rows per choice ([requests, choices])."""
         choices, b = self.config.choices, self.cost.b
-        if not tables:
+        if not len(tokens):
             return [], 0.0
-        tokens = np.array([t for t, _ in tables])  # [requests, choices]
-        rows = np.array([r for _, r in tables])
-        at = np.arange(len(tables))
+        at = np.arange(len(tokens))
 
         def value(picks: np.ndarray) -> float:
             spec = bool(picks.any())
             return float(tokens[at, picks].sum()) / self.cost(float(rows[at, picks].sum()), spec)
 
-        picks = np.full(len(tables), len(choices) - 1)
+        picks = np.full(len(tokens), len(choices) - 1)
         goodput = value(picks)
         for _ in range(16):
             picks = np.argmax(tokens - (goodput * b) * rows, axis=1)
@@ -301,9 +311,9 @@ class StridePolicy:
             if abs(new - goodput) <= 1e-9 * goodput:
                 break
             goodput = new
-        plain = len(tables) / self.cost(len(tables), False)
+        plain = len(tokens) / self.cost(len(tokens), False)
         if plain >= goodput:
-            return [0] * len(tables), plain
+            return [0] * len(tokens), plain
         return [choices[i] for i in picks.tolist()], goodput
 
 

@@ -103,6 +103,21 @@ def test_plain_requests_probe_on_the_same_step():
     assert drafting_steps == [3, 7, 11, 15]
 
 
+def test_the_kept_decision_follows_the_cost_the_estimates_and_the_batch():
+    """The batch's best strides are kept between steps only while nothing they depend on
+    changed: a new step cost, a new observation or a new request decides again."""
+    p = policy(a=0.050, b=0.00001, min_dwell=0, hysteresis=0.0, probe_every=1000)
+    assert p.choose(["r"]) == [3]  # memory-bound: draft the most
+    p.cost.a, p.cost.b = 0.0001, 0.001  # the refit finds the step compute-bound
+    assert p.choose(["r"]) == [0]
+    p.cost.a, p.cost.b = 0.050, 0.00001
+    assert p.choose(["r"]) == [3]
+    for _ in range(60):  # nothing is accepted any more: drafting stops paying
+        p.observe("r", 3, 0)
+    assert p.choose(["r"]) == [0]
+    assert p.choose(["r", "s"]) == [0, 3]  # a new request, decided afresh (drafts nearly free)
+
+
 def test_a_pinned_step_cost_ignores_what_steps_measure():
     cost = StepCost(a=0.010, b=0.0002, pinned=True)
     for i in range(50):
