@@ -41,7 +41,14 @@ def register() -> None:
     metrics.install()
     cpu_fixes.install()
     lazy.when_imported("vllm.v1.worker.gpu_model_runner", _install_runner_hooks)
+    lazy.when_imported("vllm.v1.engine.core", _install_engine_hooks)
     _registered = True
+
+
+def _install_engine_hooks() -> None:
+    from vllm_idlm.engine import scheduler
+
+    scheduler.install()
 
 
 def _install_runner_hooks() -> None:

@@ -8,11 +8,13 @@ import logging
 import time
 
 import torch
+from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_idlm.adaptive import StepRecord, observe_step
 from vllm_idlm.engine.proposer import IsdProposer
 from vllm_idlm.engine.sampler import IsdRejectionSampler
+from vllm_idlm.engine.scheduler import DRAFTS_ATTR
 
 logger = logging.getLogger("vllm_idlm")
 
@@ -77,6 +79,10 @@ def install() -> None:
 
     GPUModelRunner._update_states = _update_states
     _install_step_timing()
+
+
+def _is_isd(runner) -> bool:
+    return isinstance(getattr(runner, "drafter", None), IsdProposer)
 
 
 def _policy_of(runner):
@@ -148,10 +154,15 @@ def _install_step_timing() -> None:
 
     @functools.wraps(original_sample)
     def sample_tokens(self, *args, **kwargs):
+        executed = getattr(self, "execute_model_state", None) is not None
         output = original_sample(self, *args, **kwargs)
         step = getattr(self, "_idlm_step", None)
         if step is not None:
             step.sampled = time.perf_counter()
+        if executed and isinstance(output, ModelRunnerOutput) and _is_isd(self):
+            # The next step's drafts travel with this step's output (IsdScheduler applies
+            # them), saving the engine a round trip to the worker to fetch them.
+            setattr(output, DRAFTS_ATTR, self.take_draft_token_ids())
         return output
 
     GPUModelRunner.execute_model = execute_model

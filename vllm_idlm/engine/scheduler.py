@@ -6,15 +6,25 @@ MASK slots ride as draft tokens but are not drafts, and neither are the placehol
 `num_draft_tokens` counts real drafts, a cold start counts as a draft round with zero
 drafts, and mean acceptance length = 1 + accepted / rounds = tokens per forward.
 Per-position counters cover the K real drafts.
+
+The next step's drafts ride with the step's output (`DRAFTS_ATTR`, set by the runner hook)
+and are applied as the output is received, so the engine does not ask the worker for them in
+one more round trip after every step (`EngineCore.post_step`; with vLLM's multiprocess
+executor, the CPU build's only one, that is an IPC round trip per step).
 """
 
 from __future__ import annotations
+
+import functools
 
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_idlm.config import ADDITIONAL_CONFIG_KEY
 from vllm_idlm.slots import num_real_drafts
+
+# ModelRunnerOutput attribute carrying the step's DraftTokenIds (None: no drafts).
+DRAFTS_ATTR = "idlm_draft_token_ids"
 
 
 class IsdScheduler(Scheduler):
@@ -23,6 +33,8 @@ class IsdScheduler(Scheduler):
         options = (self.vllm_config.additional_config or {})[ADDITIONAL_CONFIG_KEY]
         self._mask_token_id = int(options["mask_token_id"])
         self._num_drafts = int(options["num_drafts"])
+        # Whether the last output delivered its drafts (then post_step has nothing to fetch).
+        self.drafts_from_output = False
 
     def schedule(self, *args, **kwargs):
         output = super().schedule(*args, **kwargs)
@@ -35,6 +47,15 @@ class IsdScheduler(Scheduler):
                 invalid[req_id] = num_other
         output.num_invalid_spec_tokens = invalid
         return output
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        # After the output, as post_step would: finished requests are gone by now.
+        self.drafts_from_output = hasattr(model_runner_output, DRAFTS_ATTR)
+        drafts = getattr(model_runner_output, DRAFTS_ATTR, None)
+        if drafts is not None:
+            self.update_draft_token_ids(drafts)
+        return outputs
 
     def make_spec_decoding_stats(
         self,
@@ -54,3 +75,21 @@ class IsdScheduler(Scheduler):
             num_invalid_spec_tokens,
             request_id,
         )
+
+
+def install() -> None:
+    """Skip the engine's draft fetch after a step whose output brought its drafts."""
+    from vllm.v1.engine.core import EngineCore
+
+    original = EngineCore.post_step
+    if getattr(original, "_idlm_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def post_step(self, model_executed: bool) -> None:
+        if getattr(self.scheduler, "drafts_from_output", False):
+            return
+        original(self, model_executed)
+
+    post_step._idlm_wrapped = True
+    EngineCore.post_step = post_step
