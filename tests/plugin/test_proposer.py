@@ -85,3 +85,24 @@ def test_a_request_turned_plain_still_verifies_the_drafts_it_has():
     assert set(p.state.draft_probs) == {"a"}  # kept: its draft is verified this step
     assert p.propose([[1], [2]]) == [[], []]
     assert not p.state.draft_probs
+
+
+def test_the_engine_fetches_no_drafts_that_came_with_the_output():
+    """After a step whose output brought its drafts (IsdScheduler applied them), the engine
+    skips vLLM's fetch of the drafts from the worker; otherwise it fetches them as before."""
+    from vllm.v1.engine.core import EngineCore
+
+    from vllm_idlm.engine import scheduler
+
+    scheduler.install()
+    fetched = []
+    executor = SimpleNamespace(take_draft_token_ids=lambda: fetched.append(1))
+    for from_output in (True, False):
+        core = SimpleNamespace(
+            check_for_draft_tokens=True,
+            async_scheduling=False,
+            model_executor=executor,
+            scheduler=SimpleNamespace(drafts_from_output=from_output),
+        )
+        EngineCore.post_step(core, model_executed=True)
+    assert fetched == [1]  # only the step whose output came without drafts
