@@ -86,10 +86,7 @@ def _is_isd(runner) -> bool:
 
 
 def _policy_of(runner):
-    drafter = getattr(runner, "drafter", None)
-    if isinstance(drafter, IsdProposer) and drafter.state.policy is not None:
-        return drafter.state.policy
-    return None
+    return runner.drafter.state.policy if _is_isd(runner) else None
 
 
 def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> None:
