@@ -243,6 +243,8 @@ class StridePolicy:
 
     def choose(self, req_ids: Sequence[str]) -> list[int]:
         """The stride of every request for its next step (in `req_ids` order)."""
+        if not req_ids:
+            return []
         states = [self._state(r) for r in req_ids]
         key = (tuple(req_ids), self.cost.a, self.cost.b, self.cost.d)
         if self._decision is None or self._decision[0] != key:

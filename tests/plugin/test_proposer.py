@@ -15,7 +15,9 @@ MASK = 99
 
 
 def proposer(k=3, uniform=False):
-    options = IsdOptions(num_drafts=k, uniform_query_len=uniform, mask_token_id=MASK)
+    options = IsdOptions(
+        num_drafts=k, uniform_query_len=uniform, adaptive=False, mask_token_id=MASK
+    )
     config = SimpleNamespace(additional_config={"idlm": options.to_dict()})
     p = IsdProposer(config)
     params = SimpleNamespace(structured_outputs=None)
@@ -85,6 +87,32 @@ def test_a_request_turned_plain_still_verifies_the_drafts_it_has():
     assert set(p.state.draft_probs) == {"a"}  # kept: its draft is verified this step
     assert p.propose([[1], [2]]) == [[], []]
     assert not p.state.draft_probs
+
+
+def test_a_seeded_request_keeps_the_largest_stride_whatever_the_policy_chooses():
+    """Under a step cost that makes the policy decode plainly, an unseeded request gets no
+    slots; a seeded random one gets K MASKs every step (its tokens must repeat per seed);
+    a seeded greedy one follows the policy (greedy tokens do not depend on the strides)."""
+    options = IsdOptions(num_drafts=3, adaptive=True, mask_token_id=MASK, strides=(1, 2, 3))
+    p = IsdProposer(SimpleNamespace(additional_config={"idlm": options.to_dict()}))
+    kinds = {
+        "a": SimpleNamespace(structured_outputs=None, seed=None, temperature=1.0),
+        "b": SimpleNamespace(structured_outputs=None, seed=7, temperature=1.0),
+        "c": SimpleNamespace(structured_outputs=None, seed=7, temperature=0.0),
+    }
+    p.bind_runner(
+        SimpleNamespace(
+            input_batch=SimpleNamespace(req_ids=list(kinds)),
+            requests={r: SimpleNamespace(sampling_params=v) for r, v in kinds.items()},
+        )
+    )
+    policy = p.state.policy
+    policy.cost.a, policy.cost.b, policy.cost.d = 1e-4, 1e-3, 0.0
+    policy.config = replace(policy.config, probe_every=1000)
+    for _ in range(3):
+        assert p.propose([[1], [2], [3]]) == [[], [MASK] * 3, []]
+    p._runner.input_batch.req_ids = ["b"]  # nobody left for the policy to choose for
+    assert p.propose([[2]]) == [[MASK] * 3]
 
 
 def test_the_engine_fetches_no_drafts_that_came_with_the_output():

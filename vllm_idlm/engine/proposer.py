@@ -56,11 +56,19 @@ class IsdProposer:
     def load_model(self, target_model: Any) -> None:
         """Nothing to load: the target model drafts for itself."""
 
-    def _drafting_enabled(self, req_id: str) -> bool:
+    def _params(self, req_id: str) -> Any:
         request = self._runner.requests.get(req_id) if self._runner is not None else None
-        params = getattr(request, "sampling_params", None)
+        return getattr(request, "sampling_params", None)
+
+    def _drafting_enabled(self, req_id: str) -> bool:
+        params = self._params(req_id)
         # Grammar validation would strip MASK slots; structured outputs decode plainly.
         return params is None or params.structured_outputs is None
+
+    def _seeded(self, req_id: str) -> bool:
+        """A seeded random request: its tokens depend on how many draws each step makes."""
+        params = self._params(req_id)
+        return getattr(params, "seed", None) is not None and params.temperature > 0
 
     def propose(self, sampled_token_ids: list[list[int]], *args: Any, **kwargs: Any):
         mask_id = self.options.mask_token_id
@@ -94,7 +102,16 @@ class IsdProposer:
         return proposals
 
     def _strides(self, req_ids: list[str]):
-        """K for each drafting request's next step: the policy's choice, or the fixed K."""
-        if self.state.policy is None:
+        """K for each drafting request's next step: the policy's choice, or the fixed K.
+        A seeded random request keeps the largest stride whatever the policy does: the
+        policy's choices follow the machine's timings and the other requests, and a seed
+        must give the same tokens on every call (as it does at a fixed K)."""
+        policy = self.state.policy
+        if policy is None:
             return iter([self.options.num_drafts] * len(req_ids))
-        return iter(self.state.policy.choose(req_ids))
+        seeded = [self._seeded(r) for r in req_ids]
+        if not any(seeded):
+            return iter(policy.choose(req_ids))
+        chosen = iter(policy.choose([r for r, s in zip(req_ids, seeded, strict=True) if not s]))
+        fixed = policy.config.max_drafts
+        return iter([fixed if s else next(chosen) for s in seeded])
