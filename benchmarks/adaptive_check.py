@@ -31,7 +31,7 @@ def parse_method(name: str) -> dict | None:
     if name in ("plain", "plain-sync"):
         return None
     if name.startswith("K="):
-        return {"method": "idlm", "num_speculative_tokens": int(name[2:])}
+        return {"method": "idlm", "num_speculative_tokens": int(name[2:]), "adaptive": False}
     if name == "adaptive":
         return {"method": "idlm", "adaptive": True}
     if name == "zero-draft":

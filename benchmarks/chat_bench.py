@@ -60,7 +60,7 @@ METHODS = ("plain", "lossless", "converted", "ngram", "lossless-adaptive", "conv
 
 def methods(args) -> list[tuple[str, Path, dict | None]]:
     base = args.models / "base"
-    isd = {"method": "idlm", "num_speculative_tokens": args.k}
+    isd = {"method": "idlm", "num_speculative_tokens": args.k, "adaptive": False}
     adaptive = {**isd, "adaptive": True}
     lossless = {"draft_lora": str(args.lora)} if args.lora and args.lora.is_dir() else None
     converted = args.idlm if args.idlm and args.idlm.is_dir() else None

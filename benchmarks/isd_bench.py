@@ -55,7 +55,7 @@ def methods(args) -> list[tuple[str, str, Path, dict | None, dict]]:
     idlm, base, lora = (args.models / n for n in ("idlm", "base", "lora"))
 
     def isd(k, **extra):
-        return {"method": "idlm", "num_speculative_tokens": k, **extra}
+        return {"method": "idlm", "num_speculative_tokens": k, "adaptive": False, **extra}
 
     rows = [("plain", "plain", idlm, None, {})]
     rows += [(f"isd K={k}", "plain", idlm, isd(k), {}) for k in args.k]

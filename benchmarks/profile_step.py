@@ -63,7 +63,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     prompts = heldout_prompts(args.models / "idlm", args.prompts or max(8, args.c), 32)
-    spec = {"method": "idlm", "num_speculative_tokens": args.k}
+    spec = {"method": "idlm", "num_speculative_tokens": args.k, "adaptive": False}
     if args.zero_draft:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from adaptive_check import NEVER_DRAFTS

@@ -116,7 +116,7 @@ def run_case(case: str, vocab: int, num_reqs: int, k: int, greedy: bool) -> dict
             requests={},
         )
         state = IsdState()
-        options = IsdOptions(num_drafts=k, mask_token_id=mask)
+        options = IsdOptions(num_drafts=k, adaptive=False, mask_token_id=mask)
         rejection = IsdRejectionSampler(sampler, None, torch.device("cpu"), runner, options, state)
 
         def store_drafts():

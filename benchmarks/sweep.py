@@ -44,7 +44,7 @@ def methods(args) -> list[tuple[str, Path, dict | None]]:
     extra = {"draft_lora": str(args.models / "lora")} if args.lossless else {}
     rows: list[tuple[str, Path, dict | None]] = [("plain", args.models / "base", None)]
     for k in args.k:
-        spec = {"method": "idlm", "num_speculative_tokens": k, **extra}
+        spec = {"method": "idlm", "num_speculative_tokens": k, "adaptive": False, **extra}
         rows.append((f"isd K={k}", model, spec))
     if args.adaptive:
         spec = {"method": "idlm", "num_speculative_tokens": max(args.k), "adaptive": True}

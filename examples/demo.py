@@ -50,7 +50,12 @@ def main() -> None:
         type=Path,
         default=Path(os.environ.get("IDLM_SMOLLM2_DIR", "~/.cache/vllm-idlm/smollm2")),
     )
-    parser.add_argument("--k", type=int, default=3, help="drafts per step")
+    parser.add_argument(
+        "--k",
+        type=int,
+        default=3,
+        help="most drafts per step (the adaptive policy picks 0..K per request and step)",
+    )
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--show", type=int, default=3, help="answers to print")
@@ -72,7 +77,7 @@ def main() -> None:
     ngram |= {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
     rows = [
         ("plain decoding", run(base, prompts, params)),
-        (f"lossless ISD K={args.k} (gated LoRA)", run(base, prompts, params, isd)),
+        (f"lossless ISD K<={args.k}, adaptive (gated LoRA)", run(base, prompts, params, isd)),
         ("vLLM ngram K=3", run(base, prompts, params, ngram)),
     ]
     plain = rows[0][1]

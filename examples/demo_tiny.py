@@ -53,7 +53,12 @@ def main() -> None:
         type=Path,
         default=Path(os.environ.get("IDLM_DEMO_DIR", "~/.cache/vllm-idlm/demo")).expanduser(),
     )
-    parser.add_argument("--k", type=int, default=3, help="drafts per step (stride K + 1)")
+    parser.add_argument(
+        "--k",
+        type=int,
+        default=3,
+        help="most drafts per step (stride K + 1; the adaptive policy picks 0..K)",
+    )
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()
@@ -63,10 +68,10 @@ def main() -> None:
     isd = {"method": "idlm", "num_speculative_tokens": args.k}
     rows = [
         ("plain decoding (I-DLM)", run(idlm, prompts, params)),
-        (f"ISD K={args.k} (I-DLM)", run(idlm, prompts, params, isd)),
+        (f"ISD K<={args.k}, adaptive (I-DLM)", run(idlm, prompts, params, isd)),
         ("plain decoding (base)", run(base, prompts, params, enforce_eager=True)),
         (
-            f"lossless ISD K={args.k} (base + gated LoRA)",
+            f"lossless ISD K<={args.k}, adaptive (base + gated LoRA)",
             run(base, prompts, params, {**isd, "draft_lora": str(lora)}),
         ),
     ]

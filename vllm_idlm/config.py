@@ -93,8 +93,9 @@ class IsdOptions:
         has the same query length (1 + 2K), which full CUDA graphs need.
     adaptive: choose each request's stride per step (0..K drafts, 0..K MASK slots, only
         strides the checkpoint was trained for) for the most expected tokens per second of
-        the batch (`vllm_idlm.adaptive`); False (the default) keeps K fixed. An object turns
-        it on with settings (`ADAPTIVE_KEYS`): `step_ms` and `row_ms` (and optionally
+        the batch (`vllm_idlm.adaptive`); on by default (None resolves to True, or to False
+        with uniform_query_len, whose fixed query length it cannot keep); False keeps K
+        fixed. An object turns it on with settings (`ADAPTIVE_KEYS`): `step_ms` and `row_ms` (and optionally
         `draft_path_ms`) pin the step cost model: the engine neither measures nor refits it,
         so the strides follow acceptance alone, not this machine's step timings (what tests
         and reproducible runs need); `ema`, `prior`, `hysteresis`, `min_dwell`,
@@ -107,7 +108,7 @@ class IsdOptions:
     num_drafts: int
     draft_lora: str | None = None
     uniform_query_len: bool = False
-    adaptive: bool | dict[str, Any] = False
+    adaptive: bool | dict[str, Any] | None = None
     mask_token_id: int | None = None
     strides: tuple[int, ...] = ()
     passthrough: dict[str, Any] = field(default_factory=dict)
@@ -121,6 +122,8 @@ class IsdOptions:
             raise ValueError(
                 f"idlm: num_speculative_tokens must be >= 1 (K drafts per step), got {self.num_drafts}"
             )
+        if self.adaptive is None:
+            object.__setattr__(self, "adaptive", not self.uniform_query_len)
         _check_adaptive(self.adaptive)
         if self.adaptive_on and self.uniform_query_len:
             raise ValueError(
@@ -159,7 +162,7 @@ class IsdOptions:
             num_drafts=spec["num_speculative_tokens"],
             draft_lora=spec.get("draft_lora"),
             uniform_query_len=bool(spec.get("uniform_query_len", False)),
-            adaptive=_adaptive_from_user(spec.get("adaptive", False)),
+            adaptive=_adaptive_from_user(spec.get("adaptive")),
             passthrough={k: spec[k] for k in _PASSTHROUGH_KEYS if k in spec},
         )
 

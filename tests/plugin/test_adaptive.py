@@ -144,6 +144,21 @@ def test_the_adaptive_object_pins_the_cost_and_sets_the_knobs():
     assert not IsdOptions(num_drafts=2, adaptive=False).adaptive_on
 
 
+def test_adaptive_is_on_unless_turned_off_or_the_query_length_is_uniform():
+    from vllm_idlm.config import IsdOptions
+
+    spec = {"method": "idlm", "num_speculative_tokens": 3}
+    assert IsdOptions.from_user(spec).adaptive_on
+    assert IsdOptions.from_user({**spec, "adaptive": None}).adaptive_on
+    assert not IsdOptions.from_user({**spec, "adaptive": False}).adaptive_on
+    uniform = IsdOptions.from_user({**spec, "uniform_query_len": True})
+    assert not uniform.adaptive_on and uniform.adaptive is False
+    with pytest.raises(ValueError, match="cannot be combined with uniform_query_len"):
+        IsdOptions.from_user({**spec, "uniform_query_len": True, "adaptive": True})
+    # The resolved value travels to the workers as it is.
+    assert IsdOptions.from_dict(IsdOptions.from_user(spec).to_dict()).adaptive is True
+
+
 def test_a_step_is_timed_to_the_next_steps_start_unless_the_engine_idled():
     """What the engine does between forwards counts in a step's cost; idle time does not."""
     from types import SimpleNamespace

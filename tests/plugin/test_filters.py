@@ -84,7 +84,7 @@ def isd_sampler(num_reqs: int, logprobs_mode="raw_logprobs") -> IsdRejectionSamp
         ),
         requests={},
     )
-    options = IsdOptions(num_drafts=K, mask_token_id=MASK)
+    options = IsdOptions(num_drafts=K, adaptive=False, mask_token_id=MASK)
     sampler = Sampler(logprobs_mode=logprobs_mode)
     return IsdRejectionSampler(sampler, None, torch.device("cpu"), runner, options, IsdState())
 

@@ -23,7 +23,7 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
         (3, 64, False),
         (4, 1, {"step_ms": 1, "row_ms": 0.1}),
         (4, 64, {"step_ms": 40, "row_ms": 0.1}),
-        (4, 16, True),
+        (4, 16, None),
     ],
     ids=[
         "K1-batch64",
@@ -32,7 +32,7 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
         "K3-batch64",
         "adaptive-batch1",
         "adaptive-batch64",
-        "adaptive-measured-batch16",
+        "default-adaptive-measured-batch16",
     ],
 )
 def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
@@ -47,16 +47,17 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
 ):
     """With the adaptive policy on, strides change per request and per step (0..K drafts,
     verify-only steps after a probe): the output must not. Its step cost is pinned so that
-    the strides vary on any machine (measured here, K = 0..2 at batch 1, 0..3 at 64)."""
+    the strides vary on any machine (measured here, K = 0..2 at batch 1, 0..3 at 64).
+    `None` is the default config: adaptive, with the step cost this machine measures."""
     assert len(heldout_prompts) >= 64
-    extra = {"adaptive": adaptive} if adaptive else None
+    extra = None if adaptive is None else {"adaptive": adaptive}
     with llm_factory(demo_models["idlm"], num_drafts, extra, max_num_seqs=max_num_seqs) as llm:
         isd_outputs = generate(llm, heldout_prompts, GREEDY)
         if isinstance(adaptive, dict):
             (state,) = llm.collective_rpc("idlm_state")
             chosen = state["strides_chosen"]
             assert len(chosen) >= 2, f"the policy never changed stride: {chosen}"
-        elif adaptive:  # the cost model this machine measured (strides may or may not vary)
+        elif adaptive is None:  # on by default, with the cost model this machine measured
             from vllm_idlm.engine.proposer import PRIOR_COST
 
             (state,) = llm.collective_rpc("idlm_state")

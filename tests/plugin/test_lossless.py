@@ -14,7 +14,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
 
 def spec_with(adapter, k=3):
-    return {"draft_lora": str(adapter)}, k
+    """The gated adapter at a fixed K (what these tests count drafts and acceptance of)."""
+    return {"draft_lora": str(adapter), "adaptive": False}, k
 
 
 @pytest.fixture(scope="module")
@@ -25,21 +26,23 @@ def plain_base(demo_models, heldout_prompts, llm_factory, generate):
 
 @pytest.fixture(scope="module")
 def lossless_run(demo_models, heldout_prompts, llm_factory, generate):
-    extra, k = spec_with(demo_models["lora"])
-    with llm_factory(demo_models["base"], k, spec_extra=extra, max_num_seqs=64) as llm:
+    """The default config: the adaptive policy on, with the step cost this machine measures."""
+    extra = {"draft_lora": str(demo_models["lora"])}
+    with llm_factory(demo_models["base"], 3, spec_extra=extra, max_num_seqs=64) as llm:
         outputs = generate(llm, heldout_prompts, GREEDY)
-        metrics = read_isd_metrics(llm.get_metrics())
-    return outputs, metrics
+        (state,) = llm.collective_rpc("idlm_state")
+    return outputs, state
 
 
 def test_greedy_lossless_isd_equals_plain_base_decoding_on_64_prompts(plain_base, lossless_run):
-    outputs, _ = lossless_run
+    outputs, state = lossless_run
+    assert sum(state["strides_chosen"].values()) > 0, "the adaptive policy did not run"
     mismatches = [i for i, (a, b) in enumerate(zip(plain_base, outputs, strict=True)) if a != b]
     assert not mismatches, f"{len(mismatches)}/64 differ: {mismatches[:5]}"
 
 
 def test_the_adapter_is_what_makes_the_drafts(
-    demo_models, heldout_prompts, lossless_run, llm_factory, generate, tmp_path
+    demo_models, heldout_prompts, llm_factory, generate, tmp_path
 ):
     """Same run with the adapter's B zeroed (gate open, delta zero): acceptance drops,
     so the gate really opens on MASK rows and the adapter drafts."""
@@ -52,12 +55,13 @@ def test_the_adapter_is_what_makes_the_drafts(
     tensors = load_file(str(zero / "adapter_model.safetensors"))
     tensors = {k: torch.zeros_like(v) if "lora_B" in k else v for k, v in tensors.items()}
     save_file(tensors, str(zero / "adapter_model.safetensors"))
-    extra, k = spec_with(zero)
-    with llm_factory(demo_models["base"], k, spec_extra=extra, max_num_seqs=64) as llm:
-        generate(llm, heldout_prompts[:16], GREEDY)
-        zero_metrics = read_isd_metrics(llm.get_metrics())
-    _, metrics = lossless_run
-    assert metrics.tokens_per_forward > zero_metrics.tokens_per_forward + 0.05
+    tpf = {}
+    for name, adapter in (("trained", demo_models["lora"]), ("zero", zero)):
+        extra, k = spec_with(adapter)
+        with llm_factory(demo_models["base"], k, spec_extra=extra, max_num_seqs=64) as llm:
+            generate(llm, heldout_prompts[:16], GREEDY)
+            tpf[name] = read_isd_metrics(llm.get_metrics()).tokens_per_forward
+    assert tpf["trained"] > tpf["zero"] + 0.05, tpf
 
 
 def test_lossless_sampling_matches_plain_base_sampling(

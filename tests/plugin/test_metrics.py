@@ -24,7 +24,7 @@ def isd_run(request, demo_models, heldout_prompts, llm_factory, generate):
     k = request.param
     prompts = heldout_prompts[:NUM_PROMPTS]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    with llm_factory(demo_models["idlm"], k) as llm:
+    with llm_factory(demo_models["idlm"], k, spec_extra={"adaptive": False}) as llm:
         before = read_isd_metrics(llm.get_metrics())
         outputs = generate(llm, prompts, params)
         metrics = read_isd_metrics(llm.get_metrics()).minus(before)

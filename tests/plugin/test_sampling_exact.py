@@ -45,7 +45,11 @@ def prefixes(heldout_prompts):
 @pytest.fixture(scope="module")
 def samples(demo_models, prefixes, llm_factory, as_prompts):
     result = {}
-    engines = (("plain", None, None, 256), ("isd", 3, None, 256), ("adaptive", 4, ADAPTIVE, 16))
+    engines = (
+        ("plain", None, None, 256),
+        ("isd", 3, {"adaptive": False}, 256),
+        ("adaptive", 4, ADAPTIVE, 16),
+    )
     for mode, k, extra, max_num_seqs in engines:
         with llm_factory(demo_models["idlm"], k, extra, max_num_seqs=max_num_seqs) as llm:
             for name, kwargs in VARIANTS.items():

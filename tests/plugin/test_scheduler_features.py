@@ -25,7 +25,14 @@ SHARED = dict(max_model_len=256, block_size=BLOCK, max_num_seqs=64)
 # Small KV cache (preemption) and a small token budget (chunked prefill).
 PRESSURE = dict(SHARED, num_gpu_blocks_override=40, max_num_batched_tokens=64, max_num_seqs=24)
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-MODES = {"isd": ("idlm", None), "lossless": ("base", "lora")}
+# (checkpoint, gated adapter, adaptive): fixed K = 3, and the adaptive policy with a pinned
+# step cost under which it mixes strides 0..3 (measured, this tiny model's strides would
+# depend on how busy the machine is).
+MODES = {
+    "isd": ("idlm", None, False),
+    "lossless": ("base", "lora", False),
+    "adaptive": ("idlm", None, {"step_ms": 40, "row_ms": 0.02}),
+}
 
 
 def token_stream(heldout_prompts) -> list[int]:
@@ -52,8 +59,10 @@ def settled_state(llm, prompt) -> dict:
 
 @pytest.fixture(scope="module", params=list(MODES))
 def mode(request, demo_models):
-    model, adapter = MODES[request.param]
-    spec = {"draft_lora": str(demo_models[adapter])} if adapter else None
+    model, adapter, adaptive = MODES[request.param]
+    spec = {"adaptive": adaptive}
+    if adapter:
+        spec["draft_lora"] = str(demo_models[adapter])
     return request.param, demo_models[model], spec
 
 
@@ -322,3 +331,14 @@ def test_async_scheduling_is_refused_with_a_clear_error(demo_models, llm_factory
         llm_factory(demo_models["idlm"], K, async_scheduling=True),
     ):
         pass
+
+
+def test_the_adaptive_mode_varied_the_strides(mode, isd, heldout_prompts, generate):
+    """Last in this module: the adaptive engine went through the features above with more
+    than one stride (a fixed-K engine has no policy)."""
+    state = settled_state(isd, heldout_prompts[0])
+    chosen = state.get("strides_chosen")
+    if mode[0] == "adaptive":
+        assert chosen and len([k for k, n in chosen.items() if n]) >= 2, chosen
+    else:
+        assert not chosen, chosen
