@@ -10,6 +10,9 @@ load, so the ratios hold on a busy machine where back-to-back runs drift. Prints
 ratio to plain and to the best fixed K, ISD's tokens per round (forward with draft slots),
 and, for adaptive, what the policy believes (step cost, acceptance, strides chosen).
 `--methods plain zero-draft` measures what a step costs on the ISD path when no request drafts.
+`--lora DIR` runs lossless ISD instead: MODELS/base with the gated adapter DIR, on held-out chat
+prompts under the base's chat template (the real model: `--models ~/.cache/vllm-idlm/smollm2
+--lora ~/.cache/vllm-idlm/smollm2/smollm2_demo_lora/lora`).
 `sweep.py` is the full benchmark (one engine at a time, T = 0.7 too, CSV and plot).
 """
 
@@ -58,8 +61,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=16, help="per round, at least 4c")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--lora", type=Path, default=None, help="lossless ISD: MODELS/base + DIR")
     args = ap.parse_args()
     args.models = args.models.expanduser()
+    model = args.models / ("base" if args.lora else "idlm")
+    lossless = {"draft_lora": str(args.lora.expanduser())} if args.lora else {}
 
     from vllm import LLM, SamplingParams
 
@@ -68,15 +74,25 @@ def main() -> None:
     # At least 4c prompts per round: the loop keeps c in flight, and throughput is measured
     # mostly in that steady state, not in the tail where the batch drains (with exactly c
     # prompts, ISD's slowest request would set the time of all of them).
-    prompts = heldout(args.models, max(args.prompts, 4 * max(args.c)) * args.rounds, 32)
+    count = max(args.prompts, 4 * max(args.c)) * args.rounds
+    if args.lora:
+        from chat_bench import chat_prompts
+
+        prompts = chat_prompts(model, count)
+        if len(prompts) < count:
+            raise SystemExit(f"adaptive_check: {len(prompts)} chat prompts, {count} needed")
+    else:
+        prompts = heldout(args.models, count, 32)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     engines = {}
     for name in args.methods:
         spec = parse_method(name)
         if spec is not None and "adaptive" in spec:
-            spec["num_speculative_tokens"] = args.max_k
+            spec.setdefault("num_speculative_tokens", args.max_k)
+        if spec is not None:
+            spec.update(lossless)
         engines[name] = LLM(
-            model=str(args.models / "idlm"),
+            model=str(model),
             max_num_seqs=max(args.c),
             speculative_config=spec,
             **ENGINE,

@@ -5,9 +5,10 @@
 Held-out instruction prompts (stdlib modules never used for training, see
 training/instructions.py) under the model's chat template. One engine per method
 (max_num_seqs = the largest concurrency); for each concurrency c a closed loop keeps c
-requests in flight. Greedy and T=0.7 (seeded per prompt). Prints tokens per forward,
-acceptance per position, output tokens/s and the ratio to plain decoding of the base; for
-greedy, whether the output equals plain decoding (lossless rows must say yes).
+requests in flight. Greedy and T=0.7 (unseeded: under the adaptive policy a seeded request
+keeps K fixed). Prints tokens per forward, acceptance per position, output tokens/s and the
+ratio to plain decoding of the base; for greedy, whether the output equals plain decoding
+(lossless rows must say yes).
 Models: `--lora DIR` (gated adapter over DIR/base), `--idlm DIR` (converted checkpoint);
 by default the smollm2_lora and smollm2_convert recipes' outputs under --models. `--methods`
 adds the adaptive policy over either (`lossless-adaptive`, `converted-adaptive`) or picks a subset.
@@ -36,9 +37,7 @@ def sampling(temperature: float, count: int, max_tokens: int):
 
     if temperature == 0:
         return [SamplingParams(temperature=0.0, max_tokens=max_tokens)] * count
-    return [
-        SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=i) for i in range(count)
-    ]
+    return [SamplingParams(temperature=temperature, max_tokens=max_tokens)] * count
 
 
 def bench(model: Path, spec, prompts, runs, max_num_seqs: int) -> dict[tuple, object]:

@@ -94,6 +94,7 @@ def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> N
     forwards of R query rows (min of `repeats`), fitted by least squares. Online timing of
     real steps refines it (and learns d, the speculative path's fixed cost)."""
     limit = runner.scheduler_config.max_num_batched_tokens
+    began = time.perf_counter()
     points = []
     for rows in sorted({min(s, limit) for s in sizes}):
         best = float("inf")
@@ -115,10 +116,11 @@ def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> N
         if a > 0 and b > 0:
             policy.cost.a, policy.cost.b = a, b
     logger.info(
-        "idlm: step cost %.2f ms + %.4f ms per query row (measured on %s rows)",
+        "idlm: step cost %.2f ms + %.4f ms per query row (measured on %s rows in %.1f s)",
         policy.cost.a * 1e3,
         policy.cost.b * 1e3,
         [r for r, _ in points],
+        time.perf_counter() - began,
     )
 
 
