@@ -95,8 +95,8 @@ class IsdOptions:
         strides the checkpoint was trained for) for the most expected tokens per second of
         the batch (`vllm_idlm.adaptive`); on by default (None resolves to True, or to False
         with uniform_query_len, whose fixed query length it cannot keep); False keeps K
-        fixed. An object turns it on with settings (`ADAPTIVE_KEYS`): `step_ms` and `row_ms` (and optionally
-        `draft_path_ms`) pin the step cost model: the engine neither measures nor refits it,
+        fixed. An object turns it on with settings (`ADAPTIVE_KEYS`): `step_ms` and
+        `row_ms` (and optionally `draft_path_ms`) pin the step cost model: the engine neither measures nor refits it,
         so the strides follow acceptance alone, not this machine's step timings (what tests
         and reproducible runs need); `ema`, `prior`, `hysteresis`, `min_dwell`,
         `probe_every` tune the policy.

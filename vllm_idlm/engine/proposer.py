@@ -60,14 +60,14 @@ class IsdProposer:
         request = self._runner.requests.get(req_id) if self._runner is not None else None
         return getattr(request, "sampling_params", None)
 
-    def _drafting_enabled(self, req_id: str) -> bool:
-        params = self._params(req_id)
+    @staticmethod
+    def _drafting_enabled(params: Any) -> bool:
         # Grammar validation would strip MASK slots; structured outputs decode plainly.
         return params is None or params.structured_outputs is None
 
-    def _seeded(self, req_id: str) -> bool:
+    @staticmethod
+    def _seeded(params: Any) -> bool:
         """A seeded random request: its tokens depend on how many draws each step makes."""
-        params = self._params(req_id)
         return getattr(params, "seed", None) is not None and params.temperature > 0
 
     def propose(self, sampled_token_ids: list[list[int]], *args: Any, **kwargs: Any):
@@ -75,11 +75,15 @@ class IsdProposer:
         num_slots = 2 * self.options.num_drafts if self.options.uniform_query_len else None
         pending, stored = self.state.pending, self.state.draft_probs
         req_ids = list(self._runner.input_batch.req_ids)
+        params = [self._params(r) for r in req_ids]
         drafting = [
-            bool(sampled) and self._drafting_enabled(req_id)
-            for req_id, sampled in zip(req_ids, sampled_token_ids)  # noqa: B905
+            bool(sampled) and self._drafting_enabled(p)
+            for p, sampled in zip(params, sampled_token_ids)  # noqa: B905
         ]
-        strides = self._strides([r for r, d in zip(req_ids, drafting) if d])  # noqa: B905
+        strides = self._strides(
+            [r for r, d in zip(req_ids, drafting) if d],  # noqa: B905
+            [p for p, d in zip(params, drafting) if d],  # noqa: B905
+        )
         proposals: list[list[int]] = []
         for req_id, drafts_on in zip(req_ids, drafting):  # noqa: B905
             drafts = pending.pop(req_id, None) or []
@@ -101,7 +105,7 @@ class IsdProposer:
         pending.clear()
         return proposals
 
-    def _strides(self, req_ids: list[str]):
+    def _strides(self, req_ids: list[str], params: list[Any]):
         """K for each drafting request's next step: the policy's choice, or the fixed K.
         A seeded random request keeps the largest stride whatever the policy does: the
         policy's choices follow the machine's timings and the other requests, and a seed
@@ -109,7 +113,7 @@ class IsdProposer:
         policy = self.state.policy
         if policy is None:
             return iter([self.options.num_drafts] * len(req_ids))
-        seeded = [self._seeded(r) for r in req_ids]
+        seeded = [self._seeded(p) for p in params]
         if not any(seeded):
             return iter(policy.choose(req_ids))
         chosen = iter(policy.choose([r for r, s in zip(req_ids, seeded, strict=True) if not s]))
