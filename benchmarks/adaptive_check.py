@@ -132,6 +132,7 @@ def main() -> None:
     if "adaptive" in engines:
         (state,) = engines["adaptive"].collective_rpc("idlm_state")
         print(f"  policy: {state['step_cost']}, acceptance {state['engine_acceptance']}")
+        print(f"  step cost measured at engine start in {state['calibration_s']:.1f} s")
         print(f"  strides chosen (request-steps, all c): {state['strides_chosen']}")
     for llm in engines.values():
         llm.llm_engine.engine_core.shutdown()

@@ -21,7 +21,10 @@ of the conditional acceptance a_j = r_j / r_{j-1}, started from the engine-wide 
 and the policy keeps a request's k unless the change gains more than `hysteresis` and the
 request has kept its k for `min_dwell` steps. Positions a request no longer drafts are not
 left unobserved: every `probe_every` steps it drafts one position more than it chose (plain
-requests all on the same step).
+requests all on the same step). A probe that changes nothing (no request raises its k before
+the next one) doubles the interval, up to `max_probe_every`: a batch where drafting does not pay
+stops paying for probes that keep saying so; a probe after which a request raises its k
+brings the interval back to `probe_every`.
 Exactness does not depend on any of this: whatever is drafted is verified exactly.
 """
 
@@ -43,20 +46,31 @@ class AdaptiveConfig:
     hysteresis: float = 0.05
     min_dwell: int = 4
     probe_every: int = 16
+    max_probe_every: int = 256
 
     def __post_init__(self) -> None:
         if not self.strides or min(self.strides) < 1:
             raise ValueError(f"adaptive: strides must be K values >= 1, got {self.strides}")
         if not 0 < self.ema <= 1 or not 0 <= self.prior <= 1:
             raise ValueError(f"adaptive: ema in (0, 1] and prior in [0, 1], got {self}")
-        if int(self.min_dwell) != self.min_dwell or int(self.probe_every) != self.probe_every:
-            raise ValueError(f"adaptive: min_dwell and probe_every are step counts, got {self}")
-        if self.min_dwell < 0 or self.probe_every < 1:
-            raise ValueError(f"adaptive: min_dwell >= 0 and probe_every >= 1, got {self}")
+        counts = (self.min_dwell, self.probe_every, self.max_probe_every)
+        if any(int(n) != n for n in counts):
+            raise ValueError(
+                f"adaptive: min_dwell, probe_every and max_probe_every are step counts, got {self}"
+            )
+        if self.min_dwell < 0 or self.probe_every < 1 or self.max_probe_every < 1:
+            raise ValueError(
+                f"adaptive: min_dwell >= 0, probe_every >= 1 and max_probe_every >= 1, got {self}"
+            )
 
     @property
     def max_drafts(self) -> int:
         return max(self.strides)
+
+    @property
+    def probe_cap(self) -> int:
+        """The longest interval between probes (never shorter than `probe_every`)."""
+        return max(self.probe_every, self.max_probe_every)
 
     @property
     def choices(self) -> tuple[int, ...]:
@@ -197,6 +211,31 @@ class _RequestState:
     dwell: int = 0
     steps: int = 0
     table: tuple[list[float], list[float]] | None = None  # cached until the next observation
+    probes: _ProbeSchedule | None = None  # a drafting request's own (plain ones share one)
+
+
+class _ProbeSchedule:
+    """When to probe next: every `interval` steps, the interval doubling (up to the cap)
+    after each probe that raised no k, back to the base after one that did."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start  # the step counted from
+        self.interval = 0  # the base, until the first probe
+        self.next: int | None = None
+        self.raised = False  # some k was raised since the last probe
+
+    def due(self, step: int, config: AdaptiveConfig) -> bool:
+        if self.next is None:
+            self.next = self.start + config.probe_every
+        if step < self.next:
+            return False
+        if self.raised or not self.interval:
+            self.interval = config.probe_every
+        else:
+            self.interval = min(2 * self.interval, config.probe_cap)
+        self.raised = False
+        self.next = step + self.interval
+        return True
 
 
 class StridePolicy:
@@ -209,6 +248,8 @@ class StridePolicy:
         self.requests: dict[str, _RequestState] = {}
         self.chosen: dict[int, int] = {}  # k -> how many request-steps were given it
         self.step = 0  # engine steps chosen for
+        self.plain_probes = _ProbeSchedule(0)
+        self._plain_probe: tuple[int, bool] = (0, False)  # (step, probing) memo
         # The batch's best strides, kept while neither the batch, nor any of its requests'
         # estimates, nor the step cost changed (most steps of a batch decoding plainly).
         self._decision: tuple[tuple, list[int], float] | None = None
@@ -269,6 +310,10 @@ class StridePolicy:
                 old = tokens[i_old] - goodput * b * rows[i_old]
                 new = tokens[i_new] - goodput * b * rows[i_new]
                 if new > old + self.config.hysteresis * max(abs(old), 1e-9):
+                    if k_new > state.k:  # what the last probe was looking for
+                        schedule = state.probes if state.k > 0 else self.plain_probes
+                        if schedule is not None:
+                            schedule.raised = True
                     state.k, state.dwell = k_new, 0
             k = state.k
             if k < max_drafts and self._probes(state):
@@ -283,10 +328,13 @@ class StridePolicy:
         together, on the same engine step, so that a batch decoding plainly pays the
         speculative path on one step in `probe_every` (and the verify step after it), not on
         every step that one of its requests happens to probe."""
-        every = self.config.probe_every
         if state.k > 0:
-            return state.steps % every == 0
-        return self.step % every == 0
+            if state.probes is None:
+                state.probes = _ProbeSchedule(state.steps - 1)
+            return state.probes.due(state.steps, self.config)
+        if self._plain_probe[0] != self.step:  # once per engine step, for all of them
+            self._plain_probe = (self.step, self.plain_probes.due(self.step, self.config))
+        return self._plain_probe[1]
 
     def best_strides(self, rates: Sequence[Sequence[float]]) -> tuple[list[int], float]:
         """Dinkelbach's iteration for the strides of most expected tokens per second of the

@@ -42,7 +42,9 @@ _ISD_KEYS = frozenset(
 
 # The object form of "adaptive": the pinned step cost (milliseconds) and the policy's knobs.
 STEP_COST_KEYS = frozenset({"step_ms", "row_ms", "draft_path_ms"})
-POLICY_KEYS = frozenset({"ema", "prior", "hysteresis", "min_dwell", "probe_every"})
+POLICY_KEYS = frozenset(
+    {"ema", "prior", "hysteresis", "min_dwell", "probe_every", "max_probe_every"}
+)
 ADAPTIVE_KEYS = STEP_COST_KEYS | POLICY_KEYS
 
 
@@ -96,10 +98,10 @@ class IsdOptions:
         the batch (`vllm_idlm.adaptive`); on by default (None resolves to True, or to False
         with uniform_query_len, whose fixed query length it cannot keep); False keeps K
         fixed. An object turns it on with settings (`ADAPTIVE_KEYS`): `step_ms` and
-        `row_ms` (and optionally `draft_path_ms`) pin the step cost model: the engine neither measures nor refits it,
-        so the strides follow acceptance alone, not this machine's step timings (what tests
-        and reproducible runs need); `ema`, `prior`, `hysteresis`, `min_dwell`,
-        `probe_every` tune the policy.
+        `row_ms` (and optionally `draft_path_ms`) pin the step cost model: the engine
+        neither measures nor refits it, so the strides follow acceptance alone, not this
+        machine's step timings (what tests and reproducible runs need); `ema`, `prior`,
+        `hysteresis`, `min_dwell`, `probe_every`, `max_probe_every` tune the policy.
     strides: the K values the checkpoint was trained for (resolved at startup).
     mask_token_id: resolved from the checkpoint (or the adapter) at startup.
     passthrough: vLLM speculative-config keys forwarded unchanged.

@@ -27,7 +27,7 @@ def register() -> None:
     from vllm import ModelRegistry
 
     check_vllm_version(vllm.__version__)
-    from vllm_idlm.engine import args, cpu_fixes, hf_config, inputs, lazy, metrics
+    from vllm_idlm.engine import args, cpu_fixes, hf_config, inputs, lazy, metrics, warmup
 
     for arch, cls in (
         ("IdlmForCausalLM", "IdlmForCausalLM"),
@@ -42,6 +42,7 @@ def register() -> None:
     cpu_fixes.install()
     lazy.when_imported("vllm.v1.worker.gpu_model_runner", _install_runner_hooks)
     lazy.when_imported("vllm.v1.engine.core", _install_engine_hooks)
+    warmup.install()
     _registered = True
 
 

@@ -92,7 +92,7 @@ def test_hysteresis_and_dwell_keep_k_from_flapping_and_probes_look_further():
 def test_plain_requests_probe_on_the_same_step():
     """A batch decoding plainly pays the speculative path on one step in probe_every, however
     the requests' own step counts are staggered."""
-    q = policy(a=0.0001, b=0.001, probe_every=4)  # compute-bound: plain
+    q = policy(a=0.0001, b=0.001, probe_every=4, max_probe_every=4)  # plain, no back-off
     drafting_steps = []
     for step in range(16):
         # A new request joins every step: their own step counts all differ.
@@ -101,6 +101,35 @@ def test_plain_requests_probe_on_the_same_step():
             drafting_steps.append(step)
             assert all(k == 1 for k in ks)  # everyone probes then, one position
     assert drafting_steps == [3, 7, 11, 15]
+
+
+def test_probes_that_change_nothing_back_off_and_one_that_raises_k_resets_them():
+    """Plain requests whose probes keep failing are probed at doubling intervals (up to the
+    cap); once a probe finds drafting pays (a request raises its k), they come back to
+    `probe_every`."""
+    q = policy(a=0.0001, b=0.001, probe_every=4, max_probe_every=16, min_dwell=0)
+    probe_steps = []
+    for step in range(1, 61):
+        ks = q.choose(["r", "s"])
+        if any(ks):
+            probe_steps.append(step)
+            for r in ("r", "s"):
+                q.observe(r, 1, 0)  # the probed draft is rejected
+    assert probe_steps == [4, 8, 16, 32, 48]  # 4, 8, then 16: the cap
+    q.cost.a, q.cost.b = 0.050, 0.00001  # drafting pays now: the requests raise their k
+    assert q.choose(["r", "s"]) != [0, 0]
+    q.cost.a, q.cost.b = 0.0001, 0.001  # and back to plain
+    ks = [q.choose(["r", "s"]) for _ in range(20)]
+    steps = [62 + i for i, k in enumerate(ks) if any(k)]
+    assert steps[:3] == [64, 68, 76]  # the probe at 64 saw the raise: the base interval
+    config = AdaptiveConfig(strides=(1, 3), prior=0.9, probe_every=2, max_probe_every=8)
+    d = StridePolicy(config, StepCost(a=0.050, b=0.00001))
+    for _ in range(40):
+        d.observe("r", 3, 1)  # position 1 always passes, position 2 always fails: k = 1
+    ks = [d.choose(["r"])[0] for _ in range(40)]
+    probes = [i + 1 for i, k in enumerate(ks) if k == 3]  # a drafting request probes k = 3
+    assert set(ks) == {1, 3}
+    assert probes == [2, 4, 8, 16, 24, 32, 40]  # on its own schedule, backing off too
 
 
 def test_the_kept_decision_follows_the_cost_the_estimates_and_the_batch():

@@ -52,6 +52,9 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
     assert len(heldout_prompts) >= 64
     extra = None if adaptive is None else {"adaptive": adaptive}
     with llm_factory(demo_models["idlm"], num_drafts, extra, max_num_seqs=max_num_seqs) as llm:
+        if adaptive is None:  # the step cost is measured as the engine starts, not on a request
+            (state,) = llm.collective_rpc("idlm_state")
+            assert state["num_steps"] == 0 and state["calibration_s"] is not None, state
         isd_outputs = generate(llm, heldout_prompts, GREEDY)
         if isinstance(adaptive, dict):
             (state,) = llm.collective_rpc("idlm_state")

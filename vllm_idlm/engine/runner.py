@@ -90,7 +90,7 @@ def _policy_of(runner):
 
 
 def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> None:
-    """The step cost a + b R of this engine, measured once before its first step: dummy
+    """The step cost a + b R of this engine, measured once as it starts: dummy
     forwards of R query rows (min of `repeats`), fitted by least squares. Online timing of
     real steps refines it (and learns d, the speculative path's fixed cost)."""
     limit = runner.scheduler_config.max_num_batched_tokens
@@ -124,6 +124,20 @@ def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> N
     )
 
 
+def calibrate_once(runner) -> bool:
+    """Measure the step cost of an ISD runner whose adaptive policy is not pinned, once;
+    True when it did. The random state is left as it was (vLLM seeds it after its warm-up)."""
+    policy = _policy_of(runner)
+    if policy is None or policy.cost.pinned or getattr(runner, "_idlm_calibrated", False):
+        return False
+    runner._idlm_calibrated = True
+    began = time.perf_counter()
+    with torch.inference_mode(), torch.random.fork_rng():
+        calibrate(runner, policy)
+    runner._idlm_calibration_s = time.perf_counter() - began
+    return True
+
+
 def _install_step_timing() -> None:
     """Time every step for the cost model: from one step's start (execute_model) to the next
     one's, so that what the engine does between forwards for the step (scheduling the draft
@@ -139,10 +153,7 @@ def _install_step_timing() -> None:
         if policy is not None and total:
             now = time.perf_counter()
             observe_step(policy.cost, getattr(self, "_idlm_step", None), now)
-            if not getattr(self, "_idlm_calibrated", False) and not policy.cost.pinned:
-                self._idlm_calibrated = True
-                with torch.inference_mode():
-                    calibrate(self, policy)
+            if calibrate_once(self):  # its warm-up was skipped: before the first step, then
                 now = time.perf_counter()
             slots = scheduler_output.scheduled_spec_decode_tokens
             requests = len(scheduler_output.num_scheduled_tokens)
@@ -189,6 +200,7 @@ def idlm_state(worker) -> dict | None:
         # conditional acceptance per position.
         cost = policy.cost
         out["step_cost"] = {"a": cost.a, "b": cost.b, "d": cost.d}
+        out["calibration_s"] = getattr(runner, "_idlm_calibration_s", None)
         out["engine_acceptance"] = list(policy.engine_conditional)
         out["strides_chosen"] = dict(sorted(policy.chosen.items()))
     return out
