@@ -226,7 +226,8 @@ def read_checkpoint_facts(hf_config: Any, source: str) -> CheckpointFacts:
             "(convert it with `idlm-train convert`, or serve a base model with a gated "
             "adapter via draft_lora)"
         )
-    strides = tuple(idlm.get("strides", ()))
+    # A checkpoint's config nests them under "idlm"; an adapter's idlm_gate.json is flat.
+    strides = tuple(idlm.get("strides") or get("strides", None) or ())
     if not strides and get("block_size", None):
         strides = (int(get("block_size")) + 1,)
     return CheckpointFacts(int(mask_token_id), strides, source)

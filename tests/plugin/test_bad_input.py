@@ -93,6 +93,18 @@ def test_a_stride_the_checkpoint_was_not_trained_for_warns(demo_models, tmp_path
     assert "trained for strides [2, 3, 4]" in facts.check_num_drafts(6)
 
 
+def test_an_adapter_gives_every_stride_it_was_trained_for(demo_models):
+    """idlm_gate.json records strides [2, 3, 4] (and block_size 3): every one of them, not
+    only the block size's, is a K the adaptive policy may choose in lossless mode."""
+    from vllm_idlm.config import IsdOptions, read_adapter_facts
+
+    facts = read_adapter_facts(str(demo_models["lora"]))
+    assert facts.strides == (2, 3, 4)
+    assert facts.check_num_drafts(1) is None
+    options = IsdOptions(num_drafts=3).resolved(facts.mask_token_id, facts.strides)
+    assert options.strides == (1, 2, 3)
+
+
 @pytest.fixture(scope="module")
 def isd_llm(demo_models, llm_factory):
     with llm_factory(demo_models["idlm"], 2) as llm:
