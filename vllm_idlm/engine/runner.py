@@ -89,10 +89,11 @@ def _policy_of(runner):
     return runner.drafter.state.policy if _is_isd(runner) else None
 
 
-def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> None:
+def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> float:
     """The step cost a + b R of this engine, measured once as it starts: dummy
     forwards of R query rows (min of `repeats`), fitted by least squares. Online timing of
-    real steps refines it (and learns d, the speculative path's fixed cost)."""
+    real steps refines it (and learns d, the speculative path's fixed cost). Returns the
+    seconds it took."""
     limit = runner.scheduler_config.max_num_batched_tokens
     began = time.perf_counter()
     points = []
@@ -115,13 +116,15 @@ def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> N
         a = mean_t - b * mean_r
         if a > 0 and b > 0:
             policy.cost.a, policy.cost.b = a, b
+    seconds = time.perf_counter() - began
     logger.info(
         "idlm: step cost %.2f ms + %.4f ms per query row (measured on %s rows in %.1f s)",
         policy.cost.a * 1e3,
         policy.cost.b * 1e3,
         [r for r, _ in points],
-        time.perf_counter() - began,
+        seconds,
     )
+    return seconds
 
 
 def calibrate_once(runner) -> bool:
@@ -131,10 +134,8 @@ def calibrate_once(runner) -> bool:
     if policy is None or policy.cost.pinned or getattr(runner, "_idlm_calibrated", False):
         return False
     runner._idlm_calibrated = True
-    began = time.perf_counter()
     with torch.inference_mode(), torch.random.fork_rng():
-        calibrate(runner, policy)
-    runner._idlm_calibration_s = time.perf_counter() - began
+        runner._idlm_calibration_s = calibrate(runner, policy)
     return True
 
 
