@@ -98,6 +98,10 @@ def main() -> None:
             **ENGINE,
             **({"async_scheduling": False} if name == "plain-sync" else {}),
         )
+        if name == "adaptive":
+            (state,) = engines[name].collective_rpc("idlm_state")
+            cost = {k: f"{v * 1e3:.2f} ms" for k, v in state["step_cost"].items()}
+            print(f"  adaptive: step cost measured at engine start {cost}", flush=True)
         timed_generate(engines[name], prompts[:2], params, concurrency=2)  # warm-up
 
     names = list(engines)

@@ -113,6 +113,7 @@ class StepCost:
     b: float
     d: float = 0.0
     p: float = 0.0
+    d_min: float = 0.0  # the floor of d (`floor_d`)
     forget: float = 0.98
     pinned: bool = False
     refit_every: int = 8  # steps between least-squares solves (statistics every step)
@@ -136,10 +137,17 @@ class StepCost:
         if self._seen % self.refit_every == 0:
             self._refit()
 
+    def floor_d(self, seconds: float) -> None:
+        """Keep d at least `seconds` (what the engine measured of the speculative path at
+        start): the online fit may raise d, never put it below what was measured."""
+        self.d_min = max(seconds, 0.0)
+        self.d = max(self.d, self.d_min) if self._seen else self.d_min
+
     def _refit(self) -> None:
         """Weighted least squares over what varied: a coefficient whose regressor stayed
-        constant (every step drafted, or none; no prompt tokens) keeps its value."""
-        xx, xt = self._xx, self._xt
+        constant (every step drafted, or none; no prompt tokens) keeps its value, and a d
+        solved below its floor is held at the floor while the others are solved again."""
+        xx = self._xx
         w = xx[0][0]
         mean = [xx[0][i] / w for i in range(4)]
         var = [xx[i][i] / w - mean[i] ** 2 for i in range(4)]
@@ -150,17 +158,25 @@ class StepCost:
             free.append(2)
         if var[3] > 1e-6 * max(mean[3] ** 2, 1.0):
             free.append(3)
-        current = {1: self.b, 2: self.d, 3: self.p}
+        current = {1: self.b, 2: max(self.d, self.d_min), 3: self.p}
+        values = self._solve_for(free, current)
+        if values is not None and values[2] < self.d_min:
+            current[2] = self.d_min
+            values = self._solve_for([j for j in free if j != 2], current)
+        if values is not None and values[0] > 0 and values[1] > 0:
+            self.a, self.b = values[0], values[1]
+            self.d, self.p = max(values[2], self.d_min), max(values[3], 0.0)
+
+    def _solve_for(self, free: list[int], current: dict[int, float]) -> dict[int, float] | None:
+        """The coefficients `free` by least squares, the others held at `current`."""
+        xx, xt = self._xx, self._xt
         fixed = {j: v for j, v in current.items() if j not in free}
         m = [[xx[i][j] for j in free] for i in free]
         v = [xt[i] - sum(xx[i][j] * c for j, c in fixed.items()) for i in free]
         solved = _solve(m, v)
         if solved is None:
-            return
-        values = {**current, **dict(zip(free, solved, strict=True))}
-        if values[0] > 0 and values[1] > 0:
-            self.a, self.b = values[0], values[1]
-            self.d, self.p = max(values[2], 0.0), max(values[3], 0.0)
+            return None
+        return {**current, **dict(zip(free, solved, strict=True))}
 
 
 # A gap longer than this between one step's end and the next step's start is idle time

@@ -50,6 +50,32 @@ def test_prompt_tokens_are_fitted_apart_from_decode_rows():
     assert cost.a == pytest.approx(0.007, rel=0.05) and cost.d == pytest.approx(0.001, rel=0.1)
 
 
+def test_the_fit_never_puts_d_below_the_floor_measured_at_start():
+    """Concurrency 1, as the real model saw it: plain steps of one row, speculative steps of
+    3 to 7 rows, timings whose least-squares d is below what the engine measured at start.
+    d stays at the floor and a, b are solved again with it held; above the floor the fit
+    is free."""
+
+    def fed(floor: float, d_true: float) -> StepCost:
+        cost = StepCost(a=1.0, b=1.0)
+        cost.floor_d(floor)
+        assert cost.d == floor
+        for i in range(400):
+            spec = i % 4 == 0
+            rows = 3 + 2 * (i % 3) if spec else 1
+            noise = 0.0005 * ((i * 7919) % 11 - 5) / 5
+            cost.observe(rows, spec, 0.040 + 0.002 * rows + (d_true if spec else 0.0) + noise)
+        return cost
+
+    held = fed(floor=0.008, d_true=0.0)
+    assert held.d == 0.008
+    assert held.a == pytest.approx(0.040, rel=0.05)
+    # b absorbs what d was not: the slope through the speculative steps, given d = 0.008.
+    assert held.b < 0.002
+    assert fed(floor=0.0, d_true=0.0).d < 0.002  # with no floor the fit is free to say ~0
+    assert fed(floor=0.008, d_true=0.015).d == pytest.approx(0.015, rel=0.1)
+
+
 def policy(a, b, d=0.0, prior=0.8, **kw) -> StridePolicy:
     return StridePolicy(AdaptiveConfig(strides=(1, 2, 3), prior=prior, **kw), StepCost(a, b, d))
 

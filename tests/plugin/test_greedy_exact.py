@@ -66,6 +66,7 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
             (state,) = llm.collective_rpc("idlm_state")
             cost = state["step_cost"]
             assert (cost["a"], cost["b"]) != (PRIOR_COST.a, PRIOR_COST.b), "never calibrated"
+            assert cost["d"] >= cost["d_floor"] >= 0.0, cost  # the fit kept d above its floor
             assert sum(state["strides_chosen"].values()) > 0
     mismatches = [
         i for i, (a, b) in enumerate(zip(plain_outputs, isd_outputs, strict=True)) if a != b

@@ -7,11 +7,11 @@ import functools
 import logging
 import time
 
-import torch
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_idlm.adaptive import StepRecord, observe_step
+from vllm_idlm.engine.calibration import calibrate_once, policy_of
 from vllm_idlm.engine.proposer import IsdProposer
 from vllm_idlm.engine.sampler import IsdRejectionSampler
 from vllm_idlm.engine.scheduler import DRAFTS_ATTR
@@ -85,60 +85,6 @@ def _is_isd(runner) -> bool:
     return isinstance(getattr(runner, "drafter", None), IsdProposer)
 
 
-def _policy_of(runner):
-    return runner.drafter.state.policy if _is_isd(runner) else None
-
-
-def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> float:
-    """The step cost a + b R of this engine, measured once as it starts: dummy
-    forwards of R query rows (min of `repeats`), fitted by least squares. Online timing of
-    real steps refines it (and learns d, the speculative path's fixed cost). Returns the
-    seconds it took."""
-    limit = runner.scheduler_config.max_num_batched_tokens
-    began = time.perf_counter()
-    points = []
-    for rows in sorted({min(s, limit) for s in sizes}):
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            hidden, _ = runner._dummy_run(rows)
-            # Every row of an ISD step is a sample position: logits (and an argmax, the
-            # least any sampler does) for all of them, as a real step computes.
-            runner.model.compute_logits(hidden).argmax(dim=-1).cpu()
-            best = min(best, time.perf_counter() - start)
-        points.append((rows, best))
-    n = len(points)
-    mean_r = sum(r for r, _ in points) / n
-    mean_t = sum(t for _, t in points) / n
-    var_r = sum((r - mean_r) ** 2 for r, _ in points)
-    if var_r > 0:
-        b = sum((r - mean_r) * (t - mean_t) for r, t in points) / var_r
-        a = mean_t - b * mean_r
-        if a > 0 and b > 0:
-            policy.cost.a, policy.cost.b = a, b
-    seconds = time.perf_counter() - began
-    logger.info(
-        "idlm: step cost %.2f ms + %.4f ms per query row (measured on %s rows in %.1f s)",
-        policy.cost.a * 1e3,
-        policy.cost.b * 1e3,
-        [r for r, _ in points],
-        seconds,
-    )
-    return seconds
-
-
-def calibrate_once(runner) -> bool:
-    """Measure the step cost of an ISD runner whose adaptive policy is not pinned, once;
-    True when it did. The random state is left as it was (vLLM seeds it after its warm-up)."""
-    policy = _policy_of(runner)
-    if policy is None or policy.cost.pinned or getattr(runner, "_idlm_calibrated", False):
-        return False
-    runner._idlm_calibrated = True
-    with torch.inference_mode(), torch.random.fork_rng():
-        runner._idlm_calibration_s = calibrate(runner, policy)
-    return True
-
-
 def _install_step_timing() -> None:
     """Time every step for the cost model: from one step's start (execute_model) to the next
     one's, so that what the engine does between forwards for the step (scheduling the draft
@@ -149,7 +95,7 @@ def _install_step_timing() -> None:
 
     @functools.wraps(original_execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
-        policy = _policy_of(self)
+        policy = policy_of(self)
         total = scheduler_output.total_num_scheduled_tokens
         if policy is not None and total:
             now = time.perf_counter()
@@ -200,7 +146,7 @@ def idlm_state(worker) -> dict | None:
         # What the adaptive policy believes: its step cost model and the engine-wide
         # conditional acceptance per position.
         cost = policy.cost
-        out["step_cost"] = {"a": cost.a, "b": cost.b, "d": cost.d}
+        out["step_cost"] = {"a": cost.a, "b": cost.b, "d": cost.d, "d_floor": cost.d_min}
         out["calibration_s"] = getattr(runner, "_idlm_calibration_s", None)
         out["engine_acceptance"] = list(policy.engine_conditional)
         out["strides_chosen"] = dict(sorted(policy.chosen.items()))

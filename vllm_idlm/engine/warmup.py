@@ -34,7 +34,7 @@ def _wrap(module: str, name: str) -> None:
     @functools.wraps(original)
     def compile_or_warm_up_model(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        from vllm_idlm.engine.runner import calibrate_once
+        from vllm_idlm.engine.calibration import calibrate_once
 
         calibrate_once(self.model_runner)
         return out

@@ -1,0 +1,136 @@
+"""The adaptive policy's step cost, measured once as the engine starts (after vLLM's warm-up).
+
+Two measurements on dummy steps, off the request path:
+
+- c(R) = a + b R: dummy forwards of R query rows, each with the logits and the argmax a
+  plain step computes for every row, fitted by least squares over R = 1 .. 512.
+- a floor for d, the speculative path's fixed cost: one request's step at the smallest
+  stride k (1 + 2k rows: the last token, k drafts, k MASK slots) against a plain step of as
+  many rows. The difference is what a dummy step can show of the speculative path: the gated
+  adapter's pass over the MASK rows (lossless mode) and the ISD sampler's verify-and-draft
+  pass against an argmax. Online timing of real steps can only raise d above it. Without the
+  floor, d is fitted from the few steps that draft, and at concurrency 1 every such step is
+  also a step with more rows: d and b are nearly collinear there, and a fit that put d at 0
+  priced drafting below what it costs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from vllm_idlm.engine.proposer import IsdProposer
+from vllm_idlm.verifier import verify_and_draft
+
+logger = logging.getLogger("vllm_idlm")
+
+
+def _least_squares(points: list[tuple[int, float]]) -> tuple[float, float] | None:
+    n = len(points)
+    mean_r = sum(r for r, _ in points) / n
+    mean_t = sum(t for _, t in points) / n
+    var_r = sum((r - mean_r) ** 2 for r, _ in points)
+    if var_r <= 0:
+        return None
+    b = sum((r - mean_r) * (t - mean_t) for r, t in points) / var_r
+    return mean_t - b * mean_r, b
+
+
+def _plain_rows(runner, rows: int) -> None:
+    """A dummy forward of `rows` query rows, with the logits and argmax of every row."""
+    hidden, _ = runner._dummy_run(rows)
+    runner.model.compute_logits(hidden).argmax(dim=-1).cpu()
+
+
+def _speculative_rows(runner, k: int, mask_token_id: int) -> None:
+    """One request's step at stride k: 1 + 2k rows whose last k are MASK slots (the gated
+    adapter, if any, opens on them), then the ISD sampler's pass over them and its one sync."""
+    rows = 1 + 2 * k
+    ids = runner.input_ids.gpu
+    ids[rows - k : rows] = mask_token_id
+    try:
+        hidden, _ = runner._dummy_run(rows)
+    finally:
+        ids[:rows] = 0
+    logits = runner.model.compute_logits(hidden).float()
+    device = logits.device
+    step = verify_and_draft(
+        logits,
+        torch.zeros(k, dtype=torch.int64, device=device),
+        None,
+        [k],
+        [k],
+        torch.zeros(1, dtype=torch.float32, device=device),
+        None,
+        None,
+        None,
+        mask_token_id,
+        all_greedy=True,
+    )
+    torch.cat([step.num_accepted, step.next_draft_ids]).tolist()
+
+
+def speculative_floor(runner, k: int, mask_token_id: int, repeats: int = 9) -> float:
+    """Seconds a step at stride k costs over a plain step of as many rows (>= 0): the least
+    of `repeats` of each, taken in turns so that both see the same machine."""
+    plain = speculative = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _plain_rows(runner, 1 + 2 * k)
+        plain = min(plain, time.perf_counter() - start)
+        start = time.perf_counter()
+        _speculative_rows(runner, k, mask_token_id)
+        speculative = min(speculative, time.perf_counter() - start)
+    return max(speculative - plain, 0.0)
+
+
+def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> float:
+    """Measure a, b and the floor of d for `policy`'s cost model; returns the seconds it took."""
+    limit = runner.scheduler_config.max_num_batched_tokens
+    began = time.perf_counter()
+    points = []
+    for rows in sorted({min(s, limit) for s in sizes}):
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            _plain_rows(runner, rows)
+            best = min(best, time.perf_counter() - start)
+        points.append((rows, best))
+    cost = policy.cost
+    fit = _least_squares(points)
+    if fit is not None and fit[0] > 0 and fit[1] > 0:
+        cost.a, cost.b = fit
+    k = min(policy.config.strides)
+    if 1 + 2 * k <= limit:
+        cost.floor_d(speculative_floor(runner, k, runner.drafter.options.mask_token_id))
+    seconds = time.perf_counter() - began
+    logger.info(
+        "idlm: step cost %.2f ms + %.4f ms per query row, + %.2f ms (at least) when a request "
+        "drafts (measured on %s rows in %.1f s)",
+        cost.a * 1e3,
+        cost.b * 1e3,
+        cost.d * 1e3,
+        [r for r, _ in points],
+        seconds,
+    )
+    return seconds
+
+
+def policy_of(runner):
+    """The adaptive policy of an ISD runner (None without ISD or with a fixed K)."""
+    drafter = getattr(runner, "drafter", None)
+    return drafter.state.policy if isinstance(drafter, IsdProposer) else None
+
+
+def calibrate_once(runner) -> bool:
+    """Measure the step cost of an ISD runner whose adaptive policy is not pinned, once;
+    True when it did. The random state is left as it was (vLLM seeds it after its warm-up)."""
+    policy = policy_of(runner)
+    if policy is None or policy.cost.pinned or getattr(runner, "_idlm_calibrated", False):
+        return False
+    runner._idlm_calibrated = True
+    with torch.inference_mode(), torch.random.fork_rng():
+        runner._idlm_calibration_s = calibrate(runner, policy)
+    return True
