@@ -79,6 +79,57 @@ def gated_lora_ref(
     return y
 
 
+class PackedLora(NamedTuple):
+    """A (possibly packed) adapter for ``gated_lora_packed``: every slice's ``lora_a`` in one
+    matrix (one matmul for all of them), each slice's ``lora_b`` transposed with the scale folded
+    in, and where its rank's columns start."""
+
+    a_t: Tensor  # [in, sum of ranks]
+    b_t: tuple[Tensor, ...]  # per slice: [rank, out_slice]
+    rank_starts: tuple[int, ...]
+
+
+def pack_lora(
+    lora_a: LoraWeights,
+    lora_b: LoraWeights,
+    scale: float,
+    output_slices: Sequence[int] | None = None,
+) -> PackedLora:
+    """The weights ``gated_lora_packed`` takes, built once per layer."""
+    a_list = [lora_a] if isinstance(lora_a, Tensor) else list(lora_a)
+    b_list = [lora_b] if isinstance(lora_b, Tensor) else list(lora_b)
+    sizes = [b.shape[0] for b in b_list] if output_slices is None else list(output_slices)
+    fan_in = a_list[0].shape[1]
+    empty_y = a_list[0].new_empty(0, sum(int(s) for s in sizes))
+    slices = lora_slices(empty_y, a_list[0].new_empty(0, fan_in), a_list, b_list, sizes)
+    starts, start = [], 0
+    for s in slices:
+        starts.append(start)
+        start += s.lora_a.shape[0]
+    return PackedLora(
+        torch.cat([s.lora_a for s in slices]).T.contiguous(),
+        tuple((s.lora_b * scale).T.contiguous() for s in slices),
+        tuple(starts),
+    )
+
+
+def gated_lora_packed(y: Tensor, x: Tensor, packed: PackedLora, rows: Tensor) -> Tensor:
+    """``gated_lora_ref`` for inference, on weights from ``pack_lora``: one gather, one shrink
+    matmul for every slice, one expand matmul per slice and one ``index_add_`` (at the few MASK
+    rows of a decode step, the reference's per-slice ops cost about as much as its arithmetic).
+    ``rows`` holds no padding; the deltas equal the reference's up to rounding (the scale is
+    applied to the weights)."""
+    if rows.numel() == 0:
+        return y
+    h = x.index_select(0, rows) @ packed.a_t
+    parts = [
+        h[:, start : start + b_t.shape[0]] @ b_t
+        for start, b_t in zip(packed.rank_starts, packed.b_t, strict=True)
+    ]
+    delta = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    return y.index_add_(0, rows, delta.to(y.dtype))
+
+
 ForwardFn = Callable[..., Tensor]
 
 

@@ -18,7 +18,13 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-from idlm_kernels.gated_lora import LoraWeights, gated_lora_autograd, gated_lora_ref
+from idlm_kernels.gated_lora import (
+    LoraWeights,
+    PackedLora,
+    gated_lora_autograd,
+    gated_lora_packed,
+    gated_lora_ref,
+)
 from idlm_kernels.isd_sample import IsdStep, isd_verify_and_draft_ref
 
 Backend = Literal["auto", "triton", "ref"]
@@ -145,3 +151,24 @@ def gated_lora(
     if needs_grad:
         return gated_lora_autograd(impl, y, x, lora_a, lora_b, rows, scale, output_slices)
     return impl(y, x, lora_a, lora_b, rows, scale, output_slices)
+
+
+def gated_lora_inference(
+    y: Tensor,
+    x: Tensor,
+    lora_a: LoraWeights,
+    lora_b: LoraWeights,
+    packed: PackedLora,
+    rows: Tensor,
+    scale: float,
+    output_slices: Sequence[int] | None = None,
+) -> Tensor:
+    """``gated_lora`` for a serving layer (no autograd, no padding rows): the Triton kernel where
+    it runs, else the reference on the layer's pre-packed weights (``pack_lora``)."""
+    if rows.numel() == 0:
+        return y
+    if use_triton(y):
+        from idlm_kernels.gated_lora_triton import gated_lora_triton
+
+        return gated_lora_triton(y, x, lora_a, lora_b, rows, scale, output_slices)
+    return gated_lora_packed(y, x, packed, rows)

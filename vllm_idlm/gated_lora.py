@@ -3,7 +3,7 @@
 vLLM-free. Every clean row (prompt, last token, drafts, bonus row) runs the untouched
 base layer, so every target distribution, and hence every emitted token, is the base
 model's. Layer rule (ISD.md section 4): run the base layer, then add
-`scale * B(A(x))` on the gated rows only (`idlm_kernels.ops.gated_lora`); no zero-gate
+`scale * B(A(x))` on the gated rows only (`idlm_kernels.ops.gated_lora_inference`); no zero-gate
 multiplication, no fusion into the base GEMM; with no gated rows the layer costs nothing
 more than the base layer.
 
@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from idlm_kernels.ops import gated_lora
+from idlm_kernels.gated_lora import pack_lora
+from idlm_kernels.ops import gated_lora_inference
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
@@ -184,6 +185,7 @@ class GatedLinear(nn.Module):
             p[1] if p else torch.zeros(size, 0)
             for p, size in zip(slices, self.output_sizes, strict=True)
         ]
+        self.packed = pack_lora(self.lora_a, self.lora_b, scale, self.output_sizes)
 
     def forward(self, x: torch.Tensor):
         result = self.base(x)
@@ -191,9 +193,12 @@ class GatedLinear(nn.Module):
         if rows.numel() == 0:
             return result
         out = result[0] if isinstance(result, tuple) else result
-        gated_lora(out, x, self.lora_a, self.lora_b, rows, self.scale, self.output_sizes)
+        gated_lora_inference(
+            out, x, self.lora_a, self.lora_b, self.packed, rows, self.scale, self.output_sizes
+        )
         return result
 
     def move_(self, device: torch.device, dtype: torch.dtype) -> None:
         self.lora_a = [a.to(device=device, dtype=dtype).contiguous() for a in self.lora_a]
         self.lora_b = [b.to(device=device, dtype=dtype).contiguous() for b in self.lora_b]
+        self.packed = pack_lora(self.lora_a, self.lora_b, self.scale, self.output_sizes)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from idlm_kernels import ops
-from idlm_kernels.gated_lora import gated_lora_ref
+from idlm_kernels.gated_lora import gated_lora_packed, gated_lora_ref, pack_lora
 
 
 def _inputs(tokens: int = 7, d_in: int = 12, d_out: int = 10, rank: int = 4, seed: int = 0):
@@ -58,6 +58,27 @@ def test_packed_slices_equal_one_layer_per_slice() -> None:
         single = gated_lora_ref(y[:, offset : offset + s].clone(), x, a, b, rows, 1.5)
         assert torch.equal(packed[:, offset : offset + s], single)
         offset += s
+
+
+def test_prepacked_weights_give_the_references_deltas_and_touch_no_other_row() -> None:
+    """The serving layer's CPU path: every slice in one pair of matmuls, a slice the adapter
+    does not target as a rank-0 pair (a no-op), the scale folded into the weights."""
+    y, x, _, _ = _inputs(d_out=9)
+    gen = torch.Generator().manual_seed(2)
+    sizes, ranks = [4, 3, 2], [2, 0, 3]
+    a_list = [torch.randn(r, 12, generator=gen) for r in ranks]
+    b_list = [torch.randn(s, r, generator=gen) for s, r in zip(sizes, ranks, strict=True)]
+    rows = torch.tensor([6, 2])
+    expected = gated_lora_ref(y.clone(), x, a_list, b_list, rows, 1.5, sizes)
+    packed = pack_lora(a_list, b_list, 1.5, sizes)
+    assert packed.a_t.shape == (12, 5) and [b.shape for b in packed.b_t] == [(2, 4), (0, 3), (3, 2)]
+    got = gated_lora_packed(y.clone(), x, packed, rows)
+    torch.testing.assert_close(got, expected)
+    others = torch.tensor([0, 1, 3, 4, 5])
+    assert torch.equal(got[others], y[others])
+    assert torch.equal(got[:, 4:7], y[:, 4:7])  # the untargeted slice: bit-identical
+    closed = ops.gated_lora_inference(y.clone(), x, a_list, b_list, packed, rows[:0], 1.5, sizes)
+    assert torch.equal(closed, y)
 
 
 def test_bad_slice_sizes_are_rejected_with_their_values() -> None:

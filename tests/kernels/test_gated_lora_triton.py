@@ -137,3 +137,17 @@ def test_kernel_skips_minus_one_padding_rows_like_the_ref() -> None:
     ungated = torch.ones(9, dtype=torch.bool, device=y.device)
     ungated[rows] = False
     assert torch.equal(got[ungated], y[ungated])
+
+
+def test_the_serving_op_runs_the_kernel_under_triton_and_the_packed_ref_otherwise() -> None:
+    from idlm_kernels.gated_lora import gated_lora_packed, pack_lora
+
+    sizes = [32, 16, 16]
+    y, x, a_list, b_list, rows = _case(9, 48, sizes, [8, 4, 20], 3, torch.float32)
+    packed = pack_lora(a_list, b_list, 0.5, sizes)
+    with ops.use_backend("triton"):
+        kernel = ops.gated_lora_inference(y.clone(), x, a_list, b_list, packed, rows, 0.5, sizes)
+    with ops.use_backend("ref"):
+        ref = ops.gated_lora_inference(y.clone(), x, a_list, b_list, packed, rows, 0.5, sizes)
+    assert torch.equal(kernel, gated_lora_triton(y.clone(), x, a_list, b_list, rows, 0.5, sizes))
+    assert torch.equal(ref, gated_lora_packed(y.clone(), x, packed, rows))
