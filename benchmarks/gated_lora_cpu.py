@@ -20,6 +20,16 @@ import torch
 from idlm_kernels.gated_lora import gated_lora_packed, gated_lora_ref, pack_lora
 
 
+def reference_pass(layers, x, y, rows) -> None:
+    for fan_in, sizes, a, b, _ in layers:
+        gated_lora_ref(y[sum(sizes)], x[fan_in], a, b, rows, 2.0, sizes)
+
+
+def packed_pass(layers, x, y, rows) -> None:
+    for fan_in, sizes, _, _, packed in layers:
+        gated_lora_packed(y[sum(sizes)], x[fan_in], packed, rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hidden", type=int, default=576)
@@ -45,21 +55,14 @@ def main() -> None:
         rows = torch.arange(1, tokens)
         x = {n: torch.randn(tokens, n, generator=gen) for n in (h, i)}
         y = {s: torch.randn(tokens, s, generator=gen) for s in {sum(sz) for _, sz, *_ in layers}}
-
-        def ref() -> None:
-            for fan_in, sizes, a, b, _ in layers:
-                gated_lora_ref(y[sum(sizes)], x[fan_in], a, b, rows, 2.0, sizes)
-
-        def packed() -> None:
-            for fan_in, sizes, _, _, p in layers:
-                gated_lora_packed(y[sum(sizes)], x[fan_in], p, rows)
-
-        ref(), packed()  # warm-up
+        passes = (("ref", reference_pass), ("packed", packed_pass))
+        for _, fn in passes:  # warm-up
+            fn(layers, x, y, rows)
         best = {"ref": float("inf"), "packed": float("inf")}
         for _ in range(args.repeats):
-            for name, fn in (("ref", ref), ("packed", packed)):
+            for name, fn in passes:
                 start = time.perf_counter()
-                fn()
+                fn(layers, x, y, rows)
                 best[name] = min(best[name], time.perf_counter() - start)
         print(
             f"{m:3d} MASK rows: reference {best['ref'] * 1e3:6.2f} ms, "
