@@ -19,6 +19,7 @@ prompts under the base's chat template (the real model: `--models ~/.cache/vllm-
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from sweep import ENGINE, heldout
@@ -30,17 +31,21 @@ NEVER_DRAFTS = {"step_ms": 1e-3, "row_ms": 1e3, "probe_every": 1 << 30}
 
 def parse_method(name: str) -> dict | None:
     """`plain`, `plain-sync` (without async scheduling, which vLLM turns off for ISD), `K=<k>`,
-    `adaptive` (every stride up to --max-k) or `zero-draft`."""
+    `adaptive` (every stride up to --max-k), `adaptive{...}` (with the settings of that JSON
+    object, e.g. `adaptive{"min_dwell": 32}` or a pinned step cost) or `zero-draft`."""
     if name in ("plain", "plain-sync"):
         return None
     if name.startswith("K="):
         return {"method": "idlm", "num_speculative_tokens": int(name[2:]), "adaptive": False}
     if name == "adaptive":
         return {"method": "idlm", "adaptive": True}
+    if name.startswith("adaptive{"):
+        return {"method": "idlm", "adaptive": json.loads(name.removeprefix("adaptive"))}
     if name == "zero-draft":
         return {"method": "idlm", "adaptive": NEVER_DRAFTS}
     raise SystemExit(
-        f"adaptive_check: unknown method {name!r} (plain, plain-sync, K=<k>, adaptive, zero-draft)"
+        f"adaptive_check: unknown method {name!r} "
+        "(plain, plain-sync, K=<k>, adaptive, adaptive{...}, zero-draft)"
     )
 
 
@@ -87,7 +92,7 @@ def main() -> None:
     engines = {}
     for name in args.methods:
         spec = parse_method(name)
-        if spec is not None and "adaptive" in spec:
+        if spec is not None and spec.get("adaptive", False) is not False:
             spec.setdefault("num_speculative_tokens", args.max_k)
         if spec is not None:
             spec.update(lossless)
