@@ -20,9 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from sweep import ENGINE, heldout
+
+# vLLM's shm message queue spins (sched_yield) for 1 s after a worker's last read.
+QUIET_S = 1.5
 
 # A pinned step cost under which drafting never pays, and no probes: every step of this
 # engine is a zero-draft step on the ISD path (what the plugin costs when nobody drafts).
@@ -118,6 +122,9 @@ def main() -> None:
         for r in range(args.rounds):
             batch = prompts[r * per_round : (r + 1) * per_round]
             for name in names[r % len(names) :] + names[: r % len(names)]:
+                # vLLM's workers spin for a second after their last step: let the engine
+                # that ran before go idle, or its spinning takes a core from this one.
+                time.sleep(QUIET_S)
                 before = isd_rounds(engines[name])
                 result = timed_generate(engines[name], batch, params, concurrency=c)
                 seconds[name] += result.seconds
@@ -143,6 +150,8 @@ def main() -> None:
         print(f"  policy: {state['step_cost']}, acceptance {state['engine_acceptance']}")
         print(f"  step cost measured at engine start in {state['calibration_s']:.1f} s")
         print(f"  strides chosen (request-steps, all c): {state['strides_chosen']}")
+        if "self_check" in state:
+            print(f"  check against plain decoding: {state['self_check']}")
     for llm in engines.values():
         llm.llm_engine.engine_core.shutdown()
 

@@ -25,15 +25,22 @@ requests all on the same step). A probe that changes nothing (no request raises 
 the next one) doubles the interval, up to `max_probe_every`: a batch where drafting does not pay
 stops paying for probes that keep saying so; a probe after which a request raises its k
 brings the interval back to `probe_every`.
+
+The model may misprice what the engine spends around a step, and its strides then lose to
+plain decoding: with `self_check` they are checked against plain decoding as measured
+(`vllm_idlm.self_check`), and plain decoding is held where it delivered more tokens per second.
 Exactness does not depend on any of this: whatever is drafted is verified exactly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
+
+from vllm_idlm.self_check import MODEL, PLAIN, SelfCheck
+from vllm_idlm.step_cost import StepCost, StepRecord
 
 
 @dataclass(frozen=True)
@@ -47,20 +54,42 @@ class AdaptiveConfig:
     min_dwell: int = 4
     probe_every: int = 16
     max_probe_every: int = 256
+    # The check against plain decoding (`SelfCheck`; opt-in: on this 2-core machine its
+    # windows measured too noisily to gain, see RESULTS.md): measured steps per window, the
+    # first steps held after a verdict (doubling while verdicts agree, up to max_check_hold),
+    # and the margin plain decoding must win by.
+    self_check: bool = False
+    check_window: int = 24
+    check_hold: int = 64
+    max_check_hold: int = 2048
+    check_margin: float = 0.02
 
     def __post_init__(self) -> None:
         if not self.strides or min(self.strides) < 1:
             raise ValueError(f"adaptive: strides must be K values >= 1, got {self.strides}")
         if not 0 < self.ema <= 1 or not 0 <= self.prior <= 1:
             raise ValueError(f"adaptive: ema in (0, 1] and prior in [0, 1], got {self}")
-        counts = (self.min_dwell, self.probe_every, self.max_probe_every)
-        if any(int(n) != n for n in counts):
+        counts = (
+            self.min_dwell,
+            self.probe_every,
+            self.max_probe_every,
+            self.check_window,
+            self.check_hold,
+            self.max_check_hold,
+        )
+        if any(isinstance(n, bool) or int(n) != n for n in counts):
             raise ValueError(
-                f"adaptive: min_dwell, probe_every and max_probe_every are step counts, got {self}"
+                "adaptive: min_dwell, probe_every, max_probe_every, check_window, check_hold "
+                f"and max_check_hold are step counts, got {self}"
             )
-        if self.min_dwell < 0 or self.probe_every < 1 or self.max_probe_every < 1:
+        if self.min_dwell < 0 or min(counts[1:]) < 1:
             raise ValueError(
-                f"adaptive: min_dwell >= 0, probe_every >= 1 and max_probe_every >= 1, got {self}"
+                "adaptive: min_dwell >= 0, probe_every >= 1, max_probe_every >= 1, "
+                f"check_window >= 1, check_hold >= 1 and max_check_hold >= 1, got {self}"
+            )
+        if not isinstance(self.self_check, bool) or not 0 <= self.check_margin < 1:
+            raise ValueError(
+                f"adaptive: self_check is true or false and check_margin in [0, 1), got {self}"
             )
 
     @property
@@ -98,126 +127,6 @@ def rows_per_forward(rates: Sequence[float], k: int) -> float:
         return 1.0
     r_k = rates[k - 1]
     return (2 * k + 1 + (1.0 - r_k) * (k + 1)) / (2.0 - r_k)
-
-
-@dataclass
-class StepCost:
-    """c(R, spec) = a + b R + d [spec] for a step of R decode rows (query rows that sample),
-    refined online by exponentially weighted least squares (pinned: kept as given, neither
-    measured nor refitted). Steps that also carry prompt tokens (prefill chunks) are fitted
-    with a fourth term, p per prompt token: prompt rows cost a forward but no sampling and no
-    per-request work, and in a busy engine most steps carry some; counting them as rows
-    would price the policy's rows at the prompt rows' rate."""
-
-    a: float
-    b: float
-    d: float = 0.0
-    p: float = 0.0
-    d_min: float = 0.0  # the floor of d (`floor_d`)
-    forget: float = 0.98
-    pinned: bool = False
-    refit_every: int = 8  # steps between least-squares solves (statistics every step)
-    # Weighted sufficient statistics of (x = [1, R, spec, prompt tokens], t).
-    _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
-    _xt: list[float] = field(default_factory=lambda: [0.0] * 4)
-    _seen: int = 0
-
-    def __call__(self, rows: float, spec: bool) -> float:
-        return self.a + self.b * rows + (self.d if spec else 0.0)
-
-    def observe(self, rows: int, spec: bool, seconds: float, prompt_tokens: int = 0) -> None:
-        if self.pinned:
-            return
-        x = (1.0, float(rows), 1.0 if spec else 0.0, float(prompt_tokens))
-        for i in range(4):
-            self._xt[i] = self.forget * self._xt[i] + x[i] * seconds
-            for j in range(4):
-                self._xx[i][j] = self.forget * self._xx[i][j] + x[i] * x[j]
-        self._seen += 1
-        if self._seen % self.refit_every == 0:
-            self._refit()
-
-    def floor_d(self, seconds: float) -> None:
-        """Keep d at least `seconds` (what the engine measured of the speculative path at
-        start): the online fit may raise d, never put it below what was measured."""
-        self.d_min = max(seconds, 0.0)
-        self.d = max(self.d, self.d_min) if self._seen else self.d_min
-
-    def _refit(self) -> None:
-        """Weighted least squares over what varied: a coefficient whose regressor stayed
-        constant (every step drafted, or none; no prompt tokens) keeps its value, and a d
-        solved below its floor is held at the floor while the others are solved again."""
-        xx = self._xx
-        w = xx[0][0]
-        mean = [xx[0][i] / w for i in range(4)]
-        var = [xx[i][i] / w - mean[i] ** 2 for i in range(4)]
-        free = [0]
-        if var[1] > 1e-6 * max(mean[1] ** 2, 1.0):
-            free.append(1)
-        if 0.01 < mean[2] < 0.99 and var[2] > 1e-4:
-            free.append(2)
-        if var[3] > 1e-6 * max(mean[3] ** 2, 1.0):
-            free.append(3)
-        current = {1: self.b, 2: max(self.d, self.d_min), 3: self.p}
-        values = self._solve_for(free, current)
-        if values is not None and values[2] < self.d_min:
-            current[2] = self.d_min
-            values = self._solve_for([j for j in free if j != 2], current)
-        if values is not None and values[0] > 0 and values[1] > 0:
-            self.a, self.b = values[0], values[1]
-            self.d, self.p = max(values[2], self.d_min), max(values[3], 0.0)
-
-    def _solve_for(self, free: list[int], current: dict[int, float]) -> dict[int, float] | None:
-        """The coefficients `free` by least squares, the others held at `current`."""
-        xx, xt = self._xx, self._xt
-        fixed = {j: v for j, v in current.items() if j not in free}
-        m = [[xx[i][j] for j in free] for i in free]
-        v = [xt[i] - sum(xx[i][j] * c for j, c in fixed.items()) for i in free]
-        solved = _solve(m, v)
-        if solved is None:
-            return None
-        return {**current, **dict(zip(free, solved, strict=True))}
-
-
-# A gap longer than this between one step's end and the next step's start is idle time
-# (no work queued), not the cost of the step before it.
-IDLE_GAP_S = 0.05
-
-
-@dataclass
-class StepRecord:
-    """One engine step as the cost model learns from it."""
-
-    start: float
-    rows: int  # decode rows: one per request plus its draft slots
-    spec: bool  # some request carried draft slots
-    prompt_tokens: int = 0  # rows of prefill chunks
-    sampled: float | None = None  # when its sampling ended
-
-
-def observe_step(cost: StepCost, step: StepRecord | None, now: float) -> None:
-    """Feed `cost` one finished step, timed to `now` (the next step's start) unless the engine
-    idled in between; a step that never sampled teaches nothing."""
-    if step is None or step.sampled is None:
-        return
-    end = now if now - step.sampled <= IDLE_GAP_S else step.sampled
-    cost.observe(step.rows, step.spec, end - step.start, step.prompt_tokens)
-
-
-def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting (None when singular)."""
-    n = len(v)
-    a = [row[:] + [v[i]] for i, row in enumerate(m)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
-        if abs(a[pivot][col]) < 1e-12 * max(abs(a[col][col]), 1e-300):
-            return None
-        a[col], a[pivot] = a[pivot], a[col]
-        for r in range(n):
-            if r != col:
-                f = a[r][col] / a[col][col]
-                a[r] = [x - f * y for x, y in zip(a[r], a[col], strict=True)]
-    return [a[i][n] / a[i][i] for i in range(n)]
 
 
 @dataclass
@@ -269,6 +178,11 @@ class StridePolicy:
         # The batch's best strides, kept while neither the batch, nor any of its requests'
         # estimates, nor the step cost changed (most steps of a batch decoding plainly).
         self._decision: tuple[tuple, list[int], float] | None = None
+        # The check against plain decoding (not with a pinned cost: strides then do not
+        # depend on the machine's timings) and what the next step was planned as:
+        # (band, arm, whether the model drafted).
+        self.check = SelfCheck(config) if config.self_check and not cost.pinned else None
+        self.planned: tuple[int, str, bool] | None = None
 
     def _state(self, req_id: str) -> _RequestState:
         state = self.requests.get(req_id)
@@ -315,6 +229,8 @@ class StridePolicy:
         tables = [s.table for s in states]
         b, choices, max_drafts = self.cost.b, self.config.choices, self.config.max_drafts
         self.step += 1
+        band = SelfCheck.band(len(req_ids))
+        plain = self.check is not None and self.check.arm(band) == PLAIN
         chosen = []
         for state, (tokens, rows), k_new in zip(states, tables, best, strict=True):
             state.steps += 1
@@ -331,20 +247,28 @@ class StridePolicy:
                         if schedule is not None:
                             schedule.raised = True
                     state.k, state.dwell = k_new, 0
-            k = state.k
-            if k < max_drafts and self._probes(state):
+            k = 0 if plain else state.k  # the model's k, unless the check holds plain
+            if k < max_drafts and self._probes(state, k):
                 k = next(c for c in choices if c > k)  # probe one position more
             chosen.append(k)
             self.chosen[k] = self.chosen.get(k, 0) + 1
+        self.planned = (band, PLAIN if plain else MODEL, any(s.k > 0 for s in states))
         return chosen
 
-    def _probes(self, state: _RequestState) -> bool:
+    def measured(self, step: StepRecord, seconds: float) -> None:
+        """A finished step, for the self-check: its plan, the tokens it emitted, its time."""
+        if self.check is None or step.plan is None or step.tokens is None:
+            return
+        if step.prompt_tokens == 0:
+            self.check.observe(*step.plan, step.tokens, seconds)
+
+    def _probes(self, state: _RequestState, k: int) -> bool:
         """Whether a request looks one position further this step. A drafting request probes
         on its own schedule (its step pays the speculative path anyway); plain requests probe
         together, on the same engine step, so that a batch decoding plainly pays the
         speculative path on one step in `probe_every` (and the verify step after it), not on
         every step that one of its requests happens to probe."""
-        if state.k > 0:
+        if k > 0:
             if state.probes is None:
                 state.probes = _ProbeSchedule(state.steps - 1)
             return state.probes.due(state.steps, self.config)

@@ -43,7 +43,19 @@ _ISD_KEYS = frozenset(
 # The object form of "adaptive": the pinned step cost (milliseconds) and the policy's knobs.
 STEP_COST_KEYS = frozenset({"step_ms", "row_ms", "draft_path_ms"})
 POLICY_KEYS = frozenset(
-    {"ema", "prior", "hysteresis", "min_dwell", "probe_every", "max_probe_every"}
+    {
+        "ema",
+        "prior",
+        "hysteresis",
+        "min_dwell",
+        "probe_every",
+        "max_probe_every",
+        "self_check",
+        "check_window",
+        "check_hold",
+        "max_check_hold",
+        "check_margin",
+    }
 )
 ADAPTIVE_KEYS = STEP_COST_KEYS | POLICY_KEYS
 
@@ -67,6 +79,8 @@ def _check_adaptive(value: Any) -> None:
             f"idlm: unknown adaptive setting(s) {sorted(unknown)}; accepted: {sorted(ADAPTIVE_KEYS)}"
         )
     for key, v in value.items():
+        if key == "self_check":  # the one switch; AdaptiveConfig checks it
+            continue
         if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
             raise ValueError(f"idlm: adaptive {key} must be a number >= 0, got {v!r}")
     cost = STEP_COST_KEYS & set(value)

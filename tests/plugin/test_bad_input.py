@@ -39,6 +39,14 @@ from vllm_idlm.config import IsdOptions
             "probe_every >= 1",
         ),
         (
+            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"self_check": 1}},
+            "self_check is true or false",
+        ),
+        (
+            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"check_hold": 0}},
+            "check_hold >= 1",
+        ),
+        (
             {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"ema": -1}},
             "adaptive ema must be a number >= 0",
         ),

@@ -24,6 +24,7 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
         (4, 1, {"step_ms": 1, "row_ms": 0.1}),
         (4, 64, {"step_ms": 40, "row_ms": 0.1}),
         (4, 16, None),
+        (3, 8, {"self_check": True, "check_window": 4, "check_hold": 8}),
     ],
     ids=[
         "K1-batch64",
@@ -33,6 +34,7 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
         "adaptive-batch1",
         "adaptive-batch64",
         "default-adaptive-measured-batch16",
+        "adaptive-self-check-batch8",
     ],
 )
 def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
@@ -48,7 +50,8 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
     """With the adaptive policy on, strides change per request and per step (0..K drafts,
     verify-only steps after a probe): the output must not. Its step cost is pinned so that
     the strides vary on any machine (measured here, K = 0..2 at batch 1, 0..3 at 64).
-    `None` is the default config: adaptive, with the step cost this machine measures."""
+    `None` is the default config: adaptive, with the step cost this machine measures; the
+    self-check case switches between the policy's strides and plain decoding every few steps."""
     assert len(heldout_prompts) >= 64
     extra = None if adaptive is None else {"adaptive": adaptive}
     with llm_factory(demo_models["idlm"], num_drafts, extra, max_num_seqs=max_num_seqs) as llm:
@@ -60,6 +63,9 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
             (state,) = llm.collective_rpc("idlm_state")
             chosen = state["strides_chosen"]
             assert len(chosen) >= 2, f"the policy never changed stride: {chosen}"
+            if adaptive.get("self_check"):  # short windows: verdicts, and switches, often
+                check = state["self_check"]
+                assert check["steps"] > 0 and sum(check["verdicts"].values()) >= 2, check
         elif adaptive is None:  # on by default, with the cost model this machine measured
             from vllm_idlm.engine.proposer import PRIOR_COST
 

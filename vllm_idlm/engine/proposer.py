@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_idlm.adaptive import AdaptiveConfig, StepCost, StridePolicy
+from vllm_idlm.adaptive import AdaptiveConfig, StridePolicy
 from vllm_idlm.config import ADDITIONAL_CONFIG_KEY, POLICY_KEYS, IsdOptions
 from vllm_idlm.engine.state import IsdState
+from vllm_idlm.step_cost import StepCost
 
 # Step cost before the engine has measured its own (seconds, seconds per query row).
 PRIOR_COST = StepCost(a=0.01, b=1e-4, d=5e-4)

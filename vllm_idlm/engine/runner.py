@@ -10,11 +10,11 @@ import time
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from vllm_idlm.adaptive import StepRecord, observe_step
 from vllm_idlm.engine.calibration import calibrate_once, policy_of
 from vllm_idlm.engine.proposer import IsdProposer
 from vllm_idlm.engine.sampler import IsdRejectionSampler
 from vllm_idlm.engine.scheduler import DRAFTS_ATTR
+from vllm_idlm.step_cost import StepRecord, observe_step
 
 logger = logging.getLogger("vllm_idlm")
 
@@ -99,14 +99,17 @@ def _install_step_timing() -> None:
         total = scheduler_output.total_num_scheduled_tokens
         if policy is not None and total:
             now = time.perf_counter()
-            observe_step(policy.cost, getattr(self, "_idlm_step", None), now)
+            step = getattr(self, "_idlm_step", None)
+            seconds = observe_step(policy.cost, step, now)
+            if seconds is not None:
+                policy.measured(step, seconds)
             if calibrate_once(self):  # its warm-up was skipped: before the first step, then
                 now = time.perf_counter()
             slots = scheduler_output.scheduled_spec_decode_tokens
             requests = len(scheduler_output.num_scheduled_tokens)
             # A row that samples per request and per draft slot; the rest are prompt tokens.
             rows = min(requests + sum(map(len, slots.values())), total)
-            self._idlm_step = StepRecord(now, rows, bool(slots), total - rows)
+            self._idlm_step = StepRecord(now, rows, bool(slots), total - rows, plan=policy.planned)
         return original_execute(self, scheduler_output, *args, **kwargs)
 
     @functools.wraps(original_sample)
@@ -116,6 +119,8 @@ def _install_step_timing() -> None:
         step = getattr(self, "_idlm_step", None)
         if step is not None:
             step.sampled = time.perf_counter()
+            if isinstance(output, ModelRunnerOutput):
+                step.tokens = sum(map(len, output.sampled_token_ids))
         if executed and isinstance(output, ModelRunnerOutput) and _is_isd(self):
             # The next step's drafts travel with this step's output (IsdScheduler applies
             # them), saving the engine a round trip to the worker to fetch them.
@@ -150,6 +155,12 @@ def idlm_state(worker) -> dict | None:
         out["calibration_s"] = getattr(runner, "_idlm_calibration_s", None)
         out["engine_acceptance"] = list(policy.engine_conditional)
         out["strides_chosen"] = dict(sorted(policy.chosen.items()))
+        if policy.check is not None:  # verdicts of the check against plain decoding
+            out["self_check"] = {
+                "steps": policy.check.steps,
+                "verdicts": dict(policy.check.verdicts),
+                "bands": {b: band.held for b, band in sorted(policy.check.bands.items())},
+            }
     return out
 
 

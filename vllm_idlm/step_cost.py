@@ -1,0 +1,133 @@
+"""The adaptive policy's model of what a step costs, and how engine steps feed it.
+
+vLLM-free. A step of R decode rows costs a + b R (+ d when any request carries draft slots,
++ p per prompt token of prefill chunks), measured as the engine starts
+(`vllm_idlm.engine.calibration`) and refined online from every step's time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepCost:
+    """c(R, spec) = a + b R + d [spec] for a step of R decode rows (query rows that sample),
+    refined online by exponentially weighted least squares (pinned: kept as given, neither
+    measured nor refitted). Steps that also carry prompt tokens (prefill chunks) are fitted
+    with a fourth term, p per prompt token: prompt rows cost a forward but no sampling and no
+    per-request work, and in a busy engine most steps carry some; counting them as rows
+    would price the policy's rows at the prompt rows' rate."""
+
+    a: float
+    b: float
+    d: float = 0.0
+    p: float = 0.0
+    d_min: float = 0.0  # the floor of d (`floor_d`)
+    forget: float = 0.98
+    pinned: bool = False
+    refit_every: int = 8  # steps between least-squares solves (statistics every step)
+    # Weighted sufficient statistics of (x = [1, R, spec, prompt tokens], t).
+    _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
+    _xt: list[float] = field(default_factory=lambda: [0.0] * 4)
+    _seen: int = 0
+
+    def __call__(self, rows: float, spec: bool) -> float:
+        return self.a + self.b * rows + (self.d if spec else 0.0)
+
+    def observe(self, rows: int, spec: bool, seconds: float, prompt_tokens: int = 0) -> None:
+        if self.pinned:
+            return
+        x = (1.0, float(rows), 1.0 if spec else 0.0, float(prompt_tokens))
+        for i in range(4):
+            self._xt[i] = self.forget * self._xt[i] + x[i] * seconds
+            for j in range(4):
+                self._xx[i][j] = self.forget * self._xx[i][j] + x[i] * x[j]
+        self._seen += 1
+        if self._seen % self.refit_every == 0:
+            self._refit()
+
+    def floor_d(self, seconds: float) -> None:
+        """Keep d at least `seconds` (what the engine measured of the speculative path at
+        start): the online fit may raise d, never put it below what was measured."""
+        self.d_min = max(seconds, 0.0)
+        self.d = max(self.d, self.d_min) if self._seen else self.d_min
+
+    def _refit(self) -> None:
+        """Weighted least squares over what varied: a coefficient whose regressor stayed
+        constant (every step drafted, or none; no prompt tokens) keeps its value, and a d
+        solved below its floor is held at the floor while the others are solved again."""
+        xx = self._xx
+        w = xx[0][0]
+        mean = [xx[0][i] / w for i in range(4)]
+        var = [xx[i][i] / w - mean[i] ** 2 for i in range(4)]
+        free = [0]
+        if var[1] > 1e-6 * max(mean[1] ** 2, 1.0):
+            free.append(1)
+        if 0.01 < mean[2] < 0.99 and var[2] > 1e-4:
+            free.append(2)
+        if var[3] > 1e-6 * max(mean[3] ** 2, 1.0):
+            free.append(3)
+        current = {1: self.b, 2: max(self.d, self.d_min), 3: self.p}
+        values = self._solve_for(free, current)
+        if values is not None and values[2] < self.d_min:
+            current[2] = self.d_min
+            values = self._solve_for([j for j in free if j != 2], current)
+        if values is not None and values[0] > 0 and values[1] > 0:
+            self.a, self.b = values[0], values[1]
+            self.d, self.p = max(values[2], self.d_min), max(values[3], 0.0)
+
+    def _solve_for(self, free: list[int], current: dict[int, float]) -> dict[int, float] | None:
+        """The coefficients `free` by least squares, the others held at `current`."""
+        xx, xt = self._xx, self._xt
+        fixed = {j: v for j, v in current.items() if j not in free}
+        m = [[xx[i][j] for j in free] for i in free]
+        v = [xt[i] - sum(xx[i][j] * c for j, c in fixed.items()) for i in free]
+        solved = _solve(m, v)
+        if solved is None:
+            return None
+        return {**current, **dict(zip(free, solved, strict=True))}
+
+
+# A gap longer than this between one step's end and the next step's start is idle time
+# (no work queued), not the cost of the step before it.
+IDLE_GAP_S = 0.05
+
+
+@dataclass
+class StepRecord:
+    """One engine step as the cost model learns from it."""
+
+    start: float
+    rows: int  # decode rows: one per request plus its draft slots
+    spec: bool  # some request carried draft slots
+    prompt_tokens: int = 0  # rows of prefill chunks
+    sampled: float | None = None  # when its sampling ended
+    plan: tuple | None = None  # the policy's `planned` for this step (for its self-check)
+    tokens: int | None = None  # tokens it emitted
+
+
+def observe_step(cost: StepCost, step: StepRecord | None, now: float) -> float | None:
+    """Feed `cost` one finished step, timed to `now` (the next step's start) unless the engine
+    idled in between; a step that never sampled teaches nothing. Returns the step's time."""
+    if step is None or step.sampled is None:
+        return None
+    end = now if now - step.sampled <= IDLE_GAP_S else step.sampled
+    cost.observe(step.rows, step.spec, end - step.start, step.prompt_tokens)
+    return end - step.start
+
+
+def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting (None when singular)."""
+    n = len(v)
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12 * max(abs(a[col][col]), 1e-300):
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(n):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col], strict=True)]
+    return [a[i][n] / a[i][i] for i in range(n)]
