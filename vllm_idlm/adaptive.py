@@ -179,8 +179,8 @@ class StridePolicy:
         # estimates, nor the step cost changed (most steps of a batch decoding plainly).
         self._decision: tuple[tuple, list[int], float] | None = None
         # The check against plain decoding (not with a pinned cost: strides then do not
-        # depend on the machine's timings) and what the next step was planned as:
-        # (band, arm, whether the model drafted).
+        # depend on the machine's timings) and, with it on, what the next step was planned
+        # as: (band, arm, whether the model drafted).
         self.check = SelfCheck(config) if config.self_check and not cost.pinned else None
         self.planned: tuple[int, str, bool] | None = None
 
@@ -229,7 +229,7 @@ class StridePolicy:
         tables = [s.table for s in states]
         b, choices, max_drafts = self.cost.b, self.config.choices, self.config.max_drafts
         self.step += 1
-        band = SelfCheck.band(len(req_ids))
+        band = SelfCheck.band(len(req_ids)) if self.check is not None else 0
         plain = self.check is not None and self.check.arm(band) == PLAIN
         chosen = []
         for state, (tokens, rows), k_new in zip(states, tables, best, strict=True):
@@ -252,7 +252,8 @@ class StridePolicy:
                 k = next(c for c in choices if c > k)  # probe one position more
             chosen.append(k)
             self.chosen[k] = self.chosen.get(k, 0) + 1
-        self.planned = (band, PLAIN if plain else MODEL, any(s.k > 0 for s in states))
+        if self.check is not None:
+            self.planned = (band, PLAIN if plain else MODEL, any(s.k > 0 for s in states))
         return chosen
 
     def measured(self, step: StepRecord, seconds: float) -> None:

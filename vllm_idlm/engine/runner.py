@@ -119,7 +119,7 @@ def _install_step_timing() -> None:
         step = getattr(self, "_idlm_step", None)
         if step is not None:
             step.sampled = time.perf_counter()
-            if isinstance(output, ModelRunnerOutput):
+            if step.plan is not None and isinstance(output, ModelRunnerOutput):  # self_check
                 step.tokens = sum(map(len, output.sampled_token_ids))
         if executed and isinstance(output, ModelRunnerOutput) and _is_isd(self):
             # The next step's drafts travel with this step's output (IsdScheduler applies
