@@ -2,7 +2,8 @@
 
 vLLM-free. A step of R decode rows costs a + b R (+ d when any request carries draft slots,
 + p per prompt token of prefill chunks), measured as the engine starts
-(`vllm_idlm.engine.calibration`) and refined online from every step's time.
+(`vllm_idlm.engine.calibration`) and refined online from every step's time; b is held near
+its measurement at start unless the steps' rows vary enough to say otherwise (`anchor_b`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class StepCost:
     d: float = 0.0
     p: float = 0.0
     d_min: float = 0.0  # the floor of d (`floor_d`)
+    b_anchor: float = 0.0  # the per-row cost measured at start (`anchor_b`)
+    anchor_weight: float = 0.0  # what that measurement counts for in the fit
     forget: float = 0.98
     pinned: bool = False
     refit_every: int = 8  # steps between least-squares solves (statistics every step)
@@ -52,6 +55,18 @@ class StepCost:
         start): the online fit may raise d, never put it below what was measured."""
         self.d_min = max(seconds, 0.0)
         self.d = max(self.d, self.d_min) if self._seen else self.d_min
+
+    def anchor_b(self, b: float, weight: float) -> None:
+        """Fit b as a ridge toward `b` (measured at start on rows chosen over a wide range):
+        `weight` is that measurement's information about the slope, sum (R - mean R)^2 over
+        its points, the units in which the online steps' own spread of rows counts. Steps at
+        one concurrency vary their rows little, and only with the policy's strides: at
+        concurrency 1 a step of more rows is also a step that drafts and emits more tokens,
+        and a free fit laid on b what the engine spends per emitted token and the slow
+        outliers of a few steps (0.51 ms per row against 0.12 measured), which priced the
+        longer strides out. A batch whose rows vary widely outweighs the anchor."""
+        self.b_anchor, self.anchor_weight = max(b, 0.0), max(weight, 0.0)
+        self.b = self.b_anchor
 
     def _refit(self) -> None:
         """Weighted least squares over what varied: a coefficient whose regressor stayed
@@ -83,6 +98,10 @@ class StepCost:
         fixed = {j: v for j, v in current.items() if j not in free}
         m = [[xx[i][j] for j in free] for i in free]
         v = [xt[i] - sum(xx[i][j] * c for j, c in fixed.items()) for i in free]
+        if 1 in free and self.anchor_weight > 0:  # the ridge toward b measured at start
+            i = free.index(1)
+            m[i][i] += self.anchor_weight
+            v[i] += self.anchor_weight * self.b_anchor
         solved = _solve(m, v)
         if solved is None:
             return None

@@ -77,6 +77,47 @@ def test_the_fit_never_puts_d_below_the_floor_measured_at_start():
     assert fed(floor=0.008, d_true=0.015).d == pytest.approx(0.015, rel=0.1)
 
 
+def test_b_is_held_near_its_measurement_where_the_rows_vary_little():
+    """Concurrency 1: a step of more rows is a step that drafts more and emits more tokens,
+    and pays for them outside the forward (0.4 ms per emitted token here), and a few slow
+    steps land on long strides. A free fit lays all of it on b; anchored at what calibration
+    measured (five sizes of 1 .. 512 rows), b stays near it. Rows that vary widely (a busy
+    engine) move b to what they say."""
+    calibrated = [1, 8, 32, 128, 512]
+    spread = sum((r - sum(calibrated) / 5) ** 2 for r in calibrated)
+
+    def fed(anchored: bool, rows_of) -> StepCost:
+        cost = StepCost(a=1.0, b=1.0)
+        if anchored:
+            cost.anchor_b(0.0001, spread)
+        cost.floor_d(0.0006)
+        for i in range(400):
+            rows, tokens = rows_of(i)
+            slow = 0.005 if i % 13 == 0 and rows >= 7 else 0.0
+            t = 0.012 + 0.0001 * rows + 0.0006 * (rows > 1) + 0.0004 * tokens + slow
+            cost.observe(rows, rows > 1, t)
+        return cost
+
+    def one_request(i):  # strides 0..3, warm: 1 + 2k rows, 1 + k tokens at best
+        k = (i // 5) % 4
+        return 1 + 2 * k, 1 + (k * (i % 3)) // 2
+
+    assert fed(False, one_request).b > 2 * 0.0001
+    assert fed(True, one_request).b == pytest.approx(0.0001, rel=0.25)
+
+    def busy(i):
+        rows = 64 + (i * 37) % 384
+        return rows, 0
+
+    assert fed(True, busy).b == pytest.approx(0.0001, rel=0.05)  # what the busy steps say too
+    wide = StepCost(a=1.0, b=1.0)
+    wide.anchor_b(0.0001, spread)
+    for i in range(400):
+        rows = 64 + (i * 37) % 384
+        wide.observe(rows, True, 0.012 + 0.0003 * rows)
+    assert wide.b == pytest.approx(0.0003, rel=0.2)
+
+
 def policy(a, b, d=0.0, prior=0.8, **kw) -> StridePolicy:
     return StridePolicy(AdaptiveConfig(strides=(1, 2, 3), prior=prior, **kw), StepCost(a, b, d))
 

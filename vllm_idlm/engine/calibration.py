@@ -3,7 +3,8 @@
 Two measurements on dummy steps, off the request path:
 
 - c(R) = a + b R: dummy forwards of R query rows, each with the logits and the argmax a
-  plain step computes for every row, fitted by least squares over R = 1 .. 512.
+  plain step computes for every row, fitted by least squares over R = 1 .. 512. The online
+  fit starts from a and keeps b near this measurement (a ridge, `StepCost.anchor_b`).
 - a floor for d, the speculative path's fixed cost: one request's step at the smallest
   stride k (1 + 2k rows: the last token, k drafts, k MASK slots) against a plain step of as
   many rows. The difference is what a dummy step can show of the speculative path: the gated
@@ -101,7 +102,9 @@ def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> f
     cost = policy.cost
     fit = _least_squares(points)
     if fit is not None and fit[0] > 0 and fit[1] > 0:
-        cost.a, cost.b = fit
+        cost.a = fit[0]
+        mean_r = sum(r for r, _ in points) / len(points)
+        cost.anchor_b(fit[1], sum((r - mean_r) ** 2 for r, _ in points))
     k = min(policy.config.strides)
     if 1 + 2 * k <= limit:
         cost.floor_d(speculative_floor(runner, k, runner.drafter.options.mask_token_id))
