@@ -68,7 +68,12 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["plain", "K=1", "K=3", "adaptive"])
     ap.add_argument("--max-k", type=int, default=3, help="adaptive's largest stride")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--prompts", type=int, default=16, help="per round, at least 4c")
+    ap.add_argument(
+        "--prompts",
+        type=int,
+        default=None,
+        help="per round (default: 16, and at least 4c; fewer than 4c is allowed with a warning)",
+    )
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--lora", type=Path, default=None, help="lossless ISD: MODELS/base + DIR")
     args = ap.parse_args()
@@ -83,7 +88,14 @@ def main() -> None:
     # At least 4c prompts per round: the loop keeps c in flight, and throughput is measured
     # mostly in that steady state, not in the tail where the batch drains (with exactly c
     # prompts, ISD's slowest request would set the time of all of them).
-    count = max(args.prompts, 4 * max(args.c)) * args.rounds
+    def per_round(c: int, warn: bool = False) -> int:
+        if args.prompts is None:
+            return max(16, 4 * c)
+        if warn and args.prompts < 4 * c:
+            print(f"  c = {c}: {args.prompts} prompts per round, under 4c: the drain weighs more")
+        return args.prompts
+
+    count = max(per_round(c) for c in args.c) * args.rounds
     if args.lora:
         from chat_bench import chat_prompts
 
@@ -115,12 +127,12 @@ def main() -> None:
 
     names = list(engines)
     for c in args.c:
-        per_round = max(args.prompts, 4 * c)
+        size = per_round(c, warn=True)
         seconds = dict.fromkeys(names, 0.0)
         tokens = dict.fromkeys(names, 0)
         rounds, round_tokens = dict.fromkeys(names, 0), dict.fromkeys(names, 0)
         for r in range(args.rounds):
-            batch = prompts[r * per_round : (r + 1) * per_round]
+            batch = prompts[r * size : (r + 1) * size]
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 # vLLM's workers spin for a second after their last step: let the engine
                 # that ran before go idle, or its spinning takes a core from this one.
