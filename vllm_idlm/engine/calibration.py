@@ -28,7 +28,8 @@ from vllm_idlm.verifier import verify_and_draft
 logger = logging.getLogger("vllm_idlm")
 
 
-def _least_squares(points: list[tuple[int, float]]) -> tuple[float, float] | None:
+def _least_squares(points: list[tuple[int, float]]) -> tuple[float, float, float] | None:
+    """(a, b) of t = a + b R, and the points' spread of rows sum (R - mean R)^2."""
     n = len(points)
     mean_r = sum(r for r, _ in points) / n
     mean_t = sum(t for _, t in points) / n
@@ -36,7 +37,7 @@ def _least_squares(points: list[tuple[int, float]]) -> tuple[float, float] | Non
     if var_r <= 0:
         return None
     b = sum((r - mean_r) * (t - mean_t) for r, t in points) / var_r
-    return mean_t - b * mean_r, b
+    return mean_t - b * mean_r, b, var_r
 
 
 def _plain_rows(runner, rows: int) -> None:
@@ -103,8 +104,7 @@ def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> f
     fit = _least_squares(points)
     if fit is not None and fit[0] > 0 and fit[1] > 0:
         cost.a = fit[0]
-        mean_r = sum(r for r, _ in points) / len(points)
-        cost.anchor_b(fit[1], sum((r - mean_r) ** 2 for r, _ in points))
+        cost.anchor_b(fit[1], fit[2])
     k = min(policy.config.strides)
     if 1 + 2 * k <= limit:
         cost.floor_d(speculative_floor(runner, k, runner.drafter.options.mask_token_id))
