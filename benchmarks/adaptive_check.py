@@ -7,8 +7,9 @@ without speculation, ISD at each fixed K, adaptive), then at each concurrency c 
 take turns, round after round, each round in a rotated order, on the same held-out prompts
 (greedy, a closed loop of c requests). Interleaving puts every method under the same machine
 load, so the ratios hold on a busy machine where back-to-back runs drift. Prints tok/s, the
-ratio to plain and to the best fixed K, ISD's tokens per round (forward with draft slots),
-and, for adaptive, what the policy believes (step cost, acceptance, strides chosen).
+ratio to plain (and the least and largest of the rounds' own ratios), to the best fixed K,
+ISD's tokens per round (forward with draft slots), and, for adaptive, what the policy
+believes (step cost, acceptance, strides chosen).
 `--methods plain zero-draft` measures what a step costs on the ISD path when no request drafts.
 `--lora DIR` runs lossless ISD instead: MODELS/base with the gated adapter DIR, on held-out chat
 prompts under the base's chat template (the real model: `--models ~/.cache/vllm-idlm/smollm2
@@ -51,6 +52,14 @@ def parse_method(name: str) -> dict | None:
         f"adaptive_check: unknown method {name!r} "
         "(plain, plain-sync, K=<k>, adaptive, adaptive{...}, zero-draft)"
     )
+
+
+def spread(rates: list[float], plain: list[float]) -> tuple[float, float]:
+    """The least and the largest of a method's per-round ratios to plain decoding (the
+    rounds are paired: the same prompts, back to back): how far one round's figure can be
+    from the whole run's on this machine."""
+    ratios = [r / p for r, p in zip(rates, plain, strict=True)]
+    return min(ratios), max(ratios)
 
 
 def isd_rounds(llm) -> int:
@@ -131,6 +140,7 @@ def main() -> None:
         seconds = dict.fromkeys(names, 0.0)
         tokens = dict.fromkeys(names, 0)
         rounds, round_tokens = dict.fromkeys(names, 0), dict.fromkeys(names, 0)
+        per_round_rate = {n: [] for n in names}  # tok/s of each round, for the spread
         for r in range(args.rounds):
             batch = prompts[r * size : (r + 1) * size]
             for name in names[r % len(names) :] + names[: r % len(names)]:
@@ -141,6 +151,7 @@ def main() -> None:
                 result = timed_generate(engines[name], batch, params, concurrency=c)
                 seconds[name] += result.seconds
                 tokens[name] += result.num_tokens
+                per_round_rate[name].append(result.num_tokens / result.seconds)
                 rounds[name] += isd_rounds(engines[name]) - before
                 # Every token but a request's first (its prefill's) came from a round.
                 round_tokens[name] += result.num_tokens - len(batch)
@@ -152,6 +163,10 @@ def main() -> None:
             line = f"{name:9s} c={c:3d} {rate[name]:8.1f} tok/s"
             if plain:
                 line += f"  {rate[name] / plain:5.2f}x plain"
+                if name != "plain" and args.rounds > 1:
+                    line += " ({:.2f}-{:.2f} by round)".format(
+                        *spread(per_round_rate[name], per_round_rate["plain"])
+                    )
             if best_fixed and name == "adaptive":
                 line += f"  {rate[name] / best_fixed:5.2f}x best fixed K"
             if rounds[name] and name.startswith("K="):
