@@ -130,6 +130,40 @@ def gated_lora_packed(y: Tensor, x: Tensor, packed: PackedLora, rows: Tensor) ->
     return y.index_add_(0, rows, delta.to(y.dtype))
 
 
+def row_runs(rows: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted distinct row indices as ``[start, end)`` runs of consecutive rows (a decode step's
+    MASK rows: one run per request that drafts)."""
+    runs: list[tuple[int, int]] = []
+    for row in rows:
+        if runs and runs[-1][1] == row:
+            runs[-1] = (runs[-1][0], row + 1)
+        else:
+            runs.append((row, row + 1))
+    return runs
+
+
+def gated_lora_runs(
+    y: Tensor, x: Tensor, packed: PackedLora, runs: Sequence[tuple[int, int]]
+) -> Tensor:
+    """``gated_lora_packed`` on gated rows given as ``[start, end)`` runs: per run one shrink
+    matmul on a view of ``x`` and, per slice, one ``addmm_`` into the view of ``y`` it updates.
+    No gather, no temporary delta, no ``index_add_``: fewer ops and allocations where the runs
+    are few (``ops.gated_lora_inference`` picks it then). Rows outside the runs are never
+    written; the deltas equal the reference's up to rounding (``addmm_`` accumulates into
+    ``y`` directly)."""
+    for start, end in runs:
+        h = x[start:end] @ packed.a_t
+        offset = 0
+        for rank_start, b_t in zip(packed.rank_starts, packed.b_t, strict=True):
+            rank, width = b_t.shape
+            if rank:
+                y[start:end, offset : offset + width].addmm_(
+                    h[:, rank_start : rank_start + rank], b_t
+                )
+            offset += width
+    return y
+
+
 ForwardFn = Callable[..., Tensor]
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from idlm_kernels.gated_lora import pack_lora
+from idlm_kernels.gated_lora import pack_lora, row_runs
 from idlm_kernels.ops import gated_lora_inference
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -152,10 +152,22 @@ def check_adapter(adapter: GatedAdapter, hf_config: Any) -> None:
 
 
 class GateState:
-    """The rows of the current forward whose gate is open (shared by all gated layers)."""
+    """The rows of the current forward whose gate is open (shared by all gated layers), and on
+    the CPU path the same rows as runs of consecutive rows: set together, once per forward, so
+    that every layer can update few runs in place without a gather (`gated_lora_inference`)."""
 
     def __init__(self) -> None:
         self.rows = torch.zeros(0, dtype=torch.long)
+
+    @property
+    def rows(self) -> torch.Tensor:
+        return self._rows
+
+    @rows.setter
+    def rows(self, rows: torch.Tensor) -> None:
+        self._rows = rows
+        # On an accelerator the rows stay there (reading them would sync the device).
+        self.runs = row_runs(rows.tolist()) if rows.device.type == "cpu" else None
 
 
 class GatedLinear(nn.Module):
@@ -194,7 +206,15 @@ class GatedLinear(nn.Module):
             return result
         out = result[0] if isinstance(result, tuple) else result
         gated_lora_inference(
-            out, x, self.lora_a, self.lora_b, self.packed, rows, self.scale, self.output_sizes
+            out,
+            x,
+            self.lora_a,
+            self.lora_b,
+            self.packed,
+            rows,
+            self.scale,
+            self.output_sizes,
+            self.gate.runs,
         )
         return result
 

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from idlm_kernels import ops
-from idlm_kernels.gated_lora import gated_lora_packed, gated_lora_ref, pack_lora
+from idlm_kernels.gated_lora import (
+    gated_lora_packed,
+    gated_lora_ref,
+    gated_lora_runs,
+    pack_lora,
+    row_runs,
+)
 
 
 def _inputs(tokens: int = 7, d_in: int = 12, d_out: int = 10, rank: int = 4, seed: int = 0):
@@ -79,6 +85,35 @@ def test_prepacked_weights_give_the_references_deltas_and_touch_no_other_row() -
     assert torch.equal(got[:, 4:7], y[:, 4:7])  # the untargeted slice: bit-identical
     closed = ops.gated_lora_inference(y.clone(), x, a_list, b_list, packed, rows[:0], 1.5, sizes)
     assert torch.equal(closed, y)
+
+
+def test_row_runs_group_consecutive_rows() -> None:
+    assert row_runs([]) == []
+    assert row_runs([4]) == [(4, 5)]
+    assert row_runs([2, 3, 4, 7, 9, 10]) == [(2, 5), (7, 8), (9, 11)]
+
+
+@pytest.mark.parametrize("rows", [[5, 6], [1, 2, 5, 6], [0, 2, 4, 6], [6]])
+def test_runs_give_the_references_deltas_and_touch_no_other_row(rows: list[int]) -> None:
+    """The CPU path by runs of consecutive rows (views of x and y, addmm_ in place), and the
+    serving dispatcher with runs given, on few runs and on more than it takes by runs."""
+    y, x, _, _ = _inputs(d_out=9)
+    gen = torch.Generator().manual_seed(4)
+    sizes, ranks = [4, 3, 2], [2, 0, 3]
+    a_list = [torch.randn(r, 12, generator=gen) for r in ranks]
+    b_list = [torch.randn(s, r, generator=gen) for s, r in zip(sizes, ranks, strict=True)]
+    gated = torch.tensor(rows)
+    expected = gated_lora_ref(y.clone(), x, a_list, b_list, gated, 1.5, sizes)
+    packed = pack_lora(a_list, b_list, 1.5, sizes)
+    runs = row_runs(rows)
+    got = gated_lora_runs(y.clone(), x, packed, runs)
+    torch.testing.assert_close(got, expected)
+    others = torch.tensor([r for r in range(y.shape[0]) if r not in rows])
+    assert torch.equal(got[others], y[others])
+    assert torch.equal(got[:, 4:7], y[:, 4:7])  # the untargeted slice: bit-identical
+    served = ops.gated_lora_inference(y.clone(), x, a_list, b_list, packed, gated, 1.5, sizes, runs)
+    torch.testing.assert_close(served, expected)
+    assert torch.equal(served[others], y[others])
 
 
 def test_bad_slice_sizes_are_rejected_with_their_values() -> None:

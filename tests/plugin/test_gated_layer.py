@@ -53,6 +53,26 @@ def test_gate_open_adds_the_delta_on_gated_rows_only_per_packed_slice():
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_the_gates_runs_follow_its_rows_from_step_to_step():
+    """One run (a decode step of one request: its MASK rows last), then more runs than the
+    CPU path takes by runs, then the gate closed: each step updates its own rows only."""
+    base, gated, slices, gate = make_layer(seed=1)
+    x = torch.randn(9, 16)
+    for rows, runs in (([6, 7, 8], [(6, 9)]), ([1, 4, 5, 8], [(1, 2), (4, 6), (8, 9)]), ([], [])):
+        gate.rows = torch.tensor(rows, dtype=torch.long)
+        assert gate.runs == runs
+        out, expected = gated(x)[0], base(x)[0].clone()
+        offset = 0
+        for pair, size in zip(slices, (24, 8, 8), strict=True):
+            if pair is not None and rows:
+                a, b = pair
+                expected[rows, offset : offset + size] += 0.5 * (x[rows] @ a.T) @ b.T
+            offset += size
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        closed = [r for r in range(9) if r not in rows]
+        assert torch.equal(out[closed], base(x)[0][closed])
+
+
 def write_adapter(path, hidden=16, inter=32, rank=4, modules=("q_proj", "down_proj"), bad=None):
     from safetensors.torch import save_file
 
