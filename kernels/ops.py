@@ -156,7 +156,8 @@ def gated_lora(
 
 # Up to this many runs of gated rows, ``gated_lora_runs`` beats the gather of ``gated_lora_packed``
 # on the CPU path (`benchmarks/gated_lora_cpu.py --requests 1 2 4 8 --rows 1 3 --base`, SmolLM2's
-# shapes: 13.0 against 19.0 ms per forward at one request, even at four, behind at eight).
+# shapes, one thread: 8.0 against 11.9 ms per forward at one request and one MASK row, 10.7
+# against 12.6 at two, 16.9 against 13.7 at four).
 MAX_RUNS = 2
 
 
