@@ -78,3 +78,24 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
         i for i, (a, b) in enumerate(zip(plain_outputs, isd_outputs, strict=True)) if a != b
     ]
     assert not mismatches, f"{len(mismatches)}/64 prompts differ, first: {mismatches[:5]}"
+
+
+def test_slot_free_greedy_steps_take_vllms_plain_path_and_random_ones_do_not(
+    demo_models, heldout_prompts, plain_outputs, llm_factory, generate
+):
+    """An engine whose pinned cost never lets a request draft: every step is slot-free. The
+    greedy ones run vLLM's plain branch (no speculative metadata, vLLM's sampler) and emit
+    plain decoding's tokens; a random batch keeps the ISD sampler's path (its generators must
+    draw alike whatever the batch carries)."""
+    never = {"adaptive": {"step_ms": 1e-3, "row_ms": 1e3, "probe_every": 1 << 30}}
+    with llm_factory(demo_models["idlm"], 3, never, max_num_seqs=16) as llm:
+        isd_outputs = generate(llm, heldout_prompts[:16], GREEDY)
+        (state,) = llm.collective_rpc("idlm_state")
+        assert state["num_steps"] == 0 and set(map(int, state["strides_chosen"])) == {0}, state
+        assert state["num_plain_steps"] >= GREEDY.max_tokens, state
+        plain_steps = state["num_plain_steps"]
+        random = SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True)
+        assert all(len(out) == 8 for out in generate(llm, heldout_prompts[:4], random))
+        (state,) = llm.collective_rpc("idlm_state")
+        assert state["num_plain_steps"] == plain_steps, state
+    assert isd_outputs == plain_outputs[:16]

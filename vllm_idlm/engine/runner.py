@@ -78,7 +78,40 @@ def install() -> None:
         return original_update(self, scheduler_output)
 
     GPUModelRunner._update_states = _update_states
+    _install_slot_free_greedy_steps()
     _install_step_timing()
+
+
+def _install_slot_free_greedy_steps() -> None:
+    """A step in which no request carries a draft slot and every request is greedy takes
+    vLLM's plain branch of `_prepare_inputs` (one logits row per request, no speculative
+    metadata), so `_sample` runs vLLM's own sampler: the token is the argmax either way (the
+    MASK token's logit is -inf), and vLLM 0.32 otherwise builds speculative metadata on every
+    step under a speculative config (index arrays, host-to-device copies, a gather). Steps
+    with a random request keep the ISD path: their generators must draw the same numbers
+    whatever the rest of the batch carries, which the ISD sampler guarantees."""
+    original_prepare = GPUModelRunner._prepare_inputs
+    if getattr(original_prepare, "_idlm_wrapped", False):
+        return
+
+    @functools.wraps(original_prepare)
+    def _prepare_inputs(self, scheduler_output, *args, **kwargs):
+        if (
+            scheduler_output.scheduled_spec_decode_tokens
+            or not self.input_batch.all_greedy
+            or not _is_isd(self)
+        ):
+            return original_prepare(self, scheduler_output, *args, **kwargs)
+        self.drafter.state.num_plain_steps += 1
+        # `_prepare_inputs` reads the speculative config once, to pick its branch.
+        spec_config, self.speculative_config = self.speculative_config, None
+        try:
+            return original_prepare(self, scheduler_output, *args, **kwargs)
+        finally:
+            self.speculative_config = spec_config
+
+    _prepare_inputs._idlm_wrapped = True
+    GPUModelRunner._prepare_inputs = _prepare_inputs
 
 
 def _is_isd(runner) -> bool:
@@ -145,6 +178,7 @@ def idlm_state(worker) -> dict | None:
         "num_steps": state.num_steps,
         "num_cold_starts": state.num_cold_starts,
         "num_unverifiable": state.num_unverifiable,
+        "num_plain_steps": state.num_plain_steps,
     }
     policy = state.policy
     if policy is not None:

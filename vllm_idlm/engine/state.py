@@ -39,6 +39,8 @@ class IsdState:
     num_cold_starts: int = 0
     # Steps whose drafts could not be verified (no matching probs) and were ignored.
     num_unverifiable: int = 0
+    # Steps without draft slots, all greedy, that took vLLM's plain path (runner hook).
+    num_plain_steps: int = 0
     # The adaptive stride policy (None: fixed K).
     policy: StridePolicy | None = None
 
