@@ -175,6 +175,7 @@ def main() -> None:
     if "adaptive" in engines:
         (state,) = engines["adaptive"].collective_rpc("idlm_state")
         print(f"  policy: {state['step_cost']}, acceptance {state['engine_acceptance']}")
+        print(f"  verdicts seen per draft position: {state['observed_positions']}")
         print(f"  step cost measured at engine start in {state['calibration_s']:.1f} s")
         print(f"  strides chosen (request-steps, all c): {state['strides_chosen']}")
         if "self_check" in state:

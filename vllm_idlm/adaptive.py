@@ -170,6 +170,7 @@ class StridePolicy:
         self.config = config
         self.cost = cost
         self.engine_conditional = [config.prior] * config.max_drafts
+        self.observed = [0] * config.max_drafts  # verdicts seen per position, engine-wide
         self.requests: dict[str, _RequestState] = {}
         self.chosen: dict[int, int] = {}  # k -> how many request-steps were given it
         self.step = 0  # engine steps chosen for
@@ -201,6 +202,7 @@ class StridePolicy:
             hit = 1.0 if j < num_accepted else 0.0
             state.conditional[j] += w * (hit - state.conditional[j])
             self.engine_conditional[j] += (w / 4) * (hit - self.engine_conditional[j])
+            self.observed[j] += 1
         state.table = None
         self._decision = None
 

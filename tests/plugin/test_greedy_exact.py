@@ -99,3 +99,31 @@ def test_slot_free_greedy_steps_take_vllms_plain_path_and_random_ones_do_not(
         (state,) = llm.collective_rpc("idlm_state")
         assert state["num_plain_steps"] == plain_steps, state
     assert isd_outputs == plain_outputs[:16]
+
+
+def test_a_drafting_requests_probe_gets_its_extra_position_verified(
+    demo_models, heldout_prompts, plain_outputs, llm_factory, generate
+):
+    """A request holding k = 1 probes k = 2 every other step; the step after a probe verifies
+    both drafts the probe's MASK rows made (not only the one its stride asks for), so the
+    second position gets verdicts though the request never drafts two on its own. One
+    request, `min_dwell` beyond its length: it keeps the k it started with (k = 1 under
+    this pinned cost and the prior), so every k = 2 is a probe. The tokens stay plain
+    decoding's."""
+    hold_one = {
+        "adaptive": {
+            "step_ms": 10,
+            "row_ms": 3,
+            "prior": 0.6,
+            "min_dwell": 1 << 20,
+            "probe_every": 2,
+            "max_probe_every": 2,
+        }
+    }
+    with llm_factory(demo_models["idlm"], 2, hold_one, max_num_seqs=1) as llm:
+        (isd_output,) = generate(llm, heldout_prompts[:1], GREEDY)
+        (state,) = llm.collective_rpc("idlm_state")
+    chosen = {int(k): n for k, n in state["strides_chosen"].items()}
+    assert set(chosen) == {1, 2} and chosen[2] >= 5, chosen  # held k = 1, probes at 2
+    assert state["observed_positions"][1] > 0, state  # position 2 observed by the probes
+    assert isd_output == plain_outputs[0]

@@ -1,9 +1,11 @@
 """The ISD proposer vLLM's runner calls after each step (through `custom_class`).
 
 It runs no model: the drafts were already made by the MASK rows of the step just
-verified (see `engine.sampler`). It submits, per request, `[d_0 .. d_{n-1}, MASK x K]`
-after a fully accepted step (n <= K: vLLM may have trimmed the MASK slots that made them)
-and `[MASK x K]` (a cold start) otherwise.
+verified (see `engine.sampler`). It submits, per request at stride k (K, or the adaptive
+policy's choice for this step), `[d_0 .. d_{n-1}, MASK x k]` after a fully accepted step
+and `[MASK x k]` (a cold start) otherwise. The drafts are all those the last step's MASK rows
+made (n <= K; fewer where vLLM trimmed MASK slots), also when n > k: a probe's extra draft,
+or the drafts in hand when the policy lowers k, are verified for the price of their rows.
 """
 
 from __future__ import annotations
@@ -89,17 +91,15 @@ class IsdProposer:
         for req_id, drafts_on in zip(req_ids, drafting):  # noqa: B905
             drafts = pending.pop(req_id, None) or []
             k = next(strides) if drafts_on else 0
-            if k == 0 and drafts_on and drafts and not num_slots:
-                # Turned to plain decoding with drafts in hand (a probe, or the step the
-                # policy stopped drafting): verify them, append no MASK slots. They cost only
-                # their rows, and the verdicts keep its acceptance estimates observed.
-                proposals.append(drafts)
-                continue
-            drafts = drafts[:k]
+            if not drafts_on:
+                drafts = []
+            # Every draft in hand is verified, also past the stride taken now (the step
+            # after a probe, or after the policy lowered k or stopped drafting): they cost
+            # only their rows, and their verdicts are what observes those positions.
             if not drafts:
                 stored.pop(req_id, None)
             if k == 0:
-                proposals.append([])  # plain decoding for this request this step
+                proposals.append(drafts)  # no MASK slots: plain decoding after these
                 continue
             num_masks = num_slots - len(drafts) if num_slots else k
             proposals.append(drafts + [mask_id] * num_masks)

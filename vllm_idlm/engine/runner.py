@@ -188,6 +188,7 @@ def idlm_state(worker) -> dict | None:
         out["step_cost"] = {"a": cost.a, "b": cost.b, "d": cost.d, "d_floor": cost.d_min}
         out["calibration_s"] = getattr(runner, "_idlm_calibration_s", None)
         out["engine_acceptance"] = list(policy.engine_conditional)
+        out["observed_positions"] = list(policy.observed)
         out["strides_chosen"] = dict(sorted(policy.chosen.items()))
         if policy.check is not None:  # verdicts of the check against plain decoding
             out["self_check"] = {
