@@ -16,12 +16,15 @@ iteration: given G, each request independently takes the k maximising
 tokens_i(k) - G b rows_i(k); G is recomputed until it stops moving. The all-plain batch
 (no speculative path, no d) is the alternative it must beat.
 
-The acceptance estimates are per request and per position (an exponential moving average
-of the conditional acceptance a_j = r_j / r_{j-1}, started from the engine-wide average),
-and the policy keeps a request's k unless the change gains more than `hysteresis` and the
-request has kept its k for `min_dwell` steps. Positions a request no longer drafts are not
-left unobserved: every `probe_every` steps it drafts one position more than it chose (plain
-requests all on the same step). A probe that changes nothing (no request raises its k before
+The acceptance estimates are per request and per position (an exponential moving average,
+weight `ema`, of the conditional acceptance a_j = r_j / r_{j-1}, started from the engine-wide
+estimate, a slower average of weight `engine_ema` over all requests' verdicts), and the
+policy keeps a request's k unless the change gains more than `hysteresis` and the request
+has kept its k for `min_dwell` steps. Positions a request no longer drafts are not left
+unobserved: their estimates move back toward the engine-wide one (a fraction `relax` per
+step), so that a request that left a position on a few unlucky rejections drafts it again and
+its verdicts decide anew, and every `probe_every` steps it drafts one position more than it
+chose (plain requests all on the same step). A probe that changes nothing (no request raises its k before
 the next one) doubles the interval, up to `max_probe_every`: a batch where drafting does not pay
 stops paying for probes that keep saying so; a probe after which a request raises its k
 brings the interval back to `probe_every`.
@@ -50,6 +53,8 @@ class AdaptiveConfig:
     strides: tuple[int, ...]
     ema: float = 0.15
     prior: float = 0.6
+    engine_ema: float = 0.01
+    relax: float = 0.05
     hysteresis: float = 0.05
     min_dwell: int = 4
     probe_every: int = 16
@@ -67,8 +72,16 @@ class AdaptiveConfig:
     def __post_init__(self) -> None:
         if not self.strides or min(self.strides) < 1:
             raise ValueError(f"adaptive: strides must be K values >= 1, got {self.strides}")
-        if not 0 < self.ema <= 1 or not 0 <= self.prior <= 1:
-            raise ValueError(f"adaptive: ema in (0, 1] and prior in [0, 1], got {self}")
+        rates = (self.ema, self.engine_ema)
+        if (
+            not all(0 < w <= 1 for w in rates)
+            or not 0 <= self.prior <= 1
+            or not 0 <= self.relax < 1
+        ):
+            raise ValueError(
+                "adaptive: ema and engine_ema in (0, 1], prior in [0, 1] and relax in [0, 1), "
+                f"got {self}"
+            )
         counts = (
             self.min_dwell,
             self.probe_every,
@@ -197,11 +210,11 @@ class StridePolicy:
         if num_drafts <= 0:
             return
         state = self._state(req_id)
-        w = self.config.ema
+        w, we = self.config.ema, self.config.engine_ema
         for j in range(min(num_accepted + 1, num_drafts)):
             hit = 1.0 if j < num_accepted else 0.0
             state.conditional[j] += w * (hit - state.conditional[j])
-            self.engine_conditional[j] += (w / 4) * (hit - self.engine_conditional[j])
+            self.engine_conditional[j] += we * (hit - self.engine_conditional[j])
             self.observed[j] += 1
         state.table = None
         self._decision = None
@@ -219,6 +232,8 @@ class StridePolicy:
         if not req_ids:
             return []
         states = [self._state(r) for r in req_ids]
+        if self.config.relax:
+            self._relax(states)
         key = (tuple(req_ids), self.cost.a, self.cost.b, self.cost.d)
         if self._decision is None or self._decision[0] != key:
             for s in states:
@@ -257,6 +272,21 @@ class StridePolicy:
         if self.check is not None:
             self.planned = (band, PLAIN if plain else MODEL, any(s.k > 0 for s in states))
         return chosen
+
+    def _relax(self, states: Sequence[_RequestState]) -> None:
+        """Estimates of positions beyond a request's stride get no verdicts (but a probe's):
+        each step they move a fraction `relax` of the way back to the engine-wide estimate,
+        so a request that left a position on a few unlucky rejections comes back to it,
+        where the verdicts it then gets decide again. Within 0.01 of the engine's they stay."""
+        w, engine = self.config.relax, self.engine_conditional
+        for state in states:
+            conditional = state.conditional
+            for j in range(max(state.k, 0), len(conditional)):
+                gap = engine[j] - conditional[j]
+                if abs(gap) > 0.01:
+                    conditional[j] += w * gap
+                    state.table = None
+                    self._decision = None
 
     def measured(self, step: StepRecord, seconds: float) -> None:
         """A finished step, for the self-check: its plan, the tokens it emitted, its time."""

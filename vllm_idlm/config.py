@@ -46,6 +46,8 @@ POLICY_KEYS = frozenset(
     {
         "ema",
         "prior",
+        "relax",
+        "engine_ema",
         "hysteresis",
         "min_dwell",
         "probe_every",
@@ -115,7 +117,8 @@ class IsdOptions:
         `row_ms` (and optionally `draft_path_ms`) pin the step cost model: the engine
         neither measures nor refits it, so the strides follow acceptance alone, not this
         machine's step timings (what tests and reproducible runs need); `ema`, `prior`,
-        `hysteresis`, `min_dwell`, `probe_every`, `max_probe_every` tune the policy.
+        `engine_ema`, `relax`, `hysteresis`, `min_dwell`, `probe_every`, `max_probe_every`
+        (and the self-check's `check_*`) tune the policy (`vllm_idlm.adaptive`).
     strides: the K values the checkpoint was trained for (resolved at startup).
     mask_token_id: resolved from the checkpoint (or the adapter) at startup.
     passthrough: vLLM speculative-config keys forwarded unchanged.

@@ -190,7 +190,8 @@ def test_probes_that_change_nothing_back_off_and_one_that_raises_k_resets_them()
     ks = [q.choose(["r", "s"]) for _ in range(20)]
     steps = [62 + i for i, k in enumerate(ks) if any(k)]
     assert steps[:3] == [64, 68, 76]  # the probe at 64 saw the raise: the base interval
-    config = AdaptiveConfig(strides=(1, 3), prior=0.9, probe_every=2, max_probe_every=8)
+    # (Without `relax`, which would bring the rejected position back by itself.)
+    config = AdaptiveConfig(strides=(1, 3), prior=0.9, probe_every=2, max_probe_every=8, relax=0)
     d = StridePolicy(config, StepCost(a=0.050, b=0.00001))
     for _ in range(40):
         d.observe("r", 3, 1)  # position 1 always passes, position 2 always fails: k = 1
@@ -200,10 +201,33 @@ def test_probes_that_change_nothing_back_off_and_one_that_raises_k_resets_them()
     assert probes == [2, 4, 8, 16, 24, 32, 40]  # on its own schedule, backing off too
 
 
+def test_a_position_left_on_a_few_rejections_relaxes_back_and_is_drafted_again():
+    """A request's estimate of a position beyond its stride gets no verdicts (probes aside):
+    with `relax` it moves back toward the engine-wide estimate, so k comes back up where the
+    engine says the position pays; without it the request stays down. Positions within the
+    stride keep their own verdicts' estimate."""
+
+    def run(relax):
+        p = policy(a=0.050, b=0.00001, prior=0.95, min_dwell=0, probe_every=10**6, relax=relax)
+        assert p.choose(["r"]) == [3]
+        for _ in range(6):  # positions 1 and 2 pass, position 3 fails: a few unlucky verdicts
+            p.observe("r", 3, 2)
+        ks = [p.choose(["r"])[0] for _ in range(200)]
+        return p, ks
+
+    p, ks = run(relax=0.0)
+    assert ks[0] == 2 and set(ks) == {2}  # down, for good
+    p, ks = run(relax=0.05)
+    assert ks[0] == 2 and ks[-1] == 3
+    own, engine = p.requests["r"].conditional, p.engine_conditional
+    assert 0.65 < own[2] < engine[2]  # from 0.36 most of the way back, until k = 3 again
+    assert own[0] > engine[0] + 0.02  # position 1: its own estimate, not relaxed
+
+
 def test_the_kept_decision_follows_the_cost_the_estimates_and_the_batch():
     """The batch's best strides are kept between steps only while nothing they depend on
     changed: a new step cost, a new observation or a new request decides again."""
-    p = policy(a=0.050, b=0.00001, min_dwell=0, hysteresis=0.0, probe_every=1000)
+    p = policy(a=0.050, b=0.00001, min_dwell=0, hysteresis=0.0, probe_every=1000, relax=0)
     assert p.choose(["r"]) == [3]  # memory-bound: draft the most
     p.cost.a, p.cost.b = 0.0001, 0.001  # the refit finds the step compute-bound
     assert p.choose(["r"]) == [0]
@@ -353,7 +377,14 @@ def test_the_self_check_counts_no_prefill_step_and_is_off_by_default_or_with_a_p
 
 @pytest.mark.parametrize(
     "knobs",
-    [{"check_window": 0}, {"check_hold": 2.5}, {"check_margin": 1.0}, {"self_check": "yes"}],
+    [
+        {"check_window": 0},
+        {"check_hold": 2.5},
+        {"check_margin": 1.0},
+        {"self_check": "yes"},
+        {"relax": 1.0},
+        {"relax": -0.1},
+    ],
 )
 def test_self_check_knobs_are_checked(knobs):
     with pytest.raises(ValueError, match="adaptive: "):

@@ -130,6 +130,13 @@ def _install_step_timing() -> None:
     def execute_model(self, scheduler_output, *args, **kwargs):
         policy = policy_of(self)
         total = scheduler_output.total_num_scheduled_tokens
+        if total and _is_isd(self):  # what the steps carried (`idlm_state()["decode_rows"]`)
+            slots = scheduler_output.scheduled_spec_decode_tokens
+            requests = len(scheduler_output.num_scheduled_tokens)
+            counts = self.__dict__.setdefault("_idlm_rows", [0, 0, 0])
+            counts[0] += 1
+            counts[1] += min(requests + sum(map(len, slots.values())), total)
+            counts[2] += bool(slots)
         if policy is not None and total:
             now = time.perf_counter()
             step = getattr(self, "_idlm_step", None)
@@ -180,6 +187,10 @@ def idlm_state(worker) -> dict | None:
         "num_unverifiable": state.num_unverifiable,
         "num_plain_steps": state.num_plain_steps,
     }
+    steps, rows, spec = getattr(runner, "_idlm_rows", (0, 0, 0))
+    # Decode rows (one per request plus its draft slots) over all steps, and the steps that
+    # took the speculative path: with a step cost a + b rows (+ d), what the steps cost.
+    out["decode_rows"] = {"steps": steps, "rows": rows, "spec_steps": spec}
     policy = state.policy
     if policy is not None:
         # What the adaptive policy believes: its step cost model and the engine-wide
