@@ -6,12 +6,12 @@
 With the step cost pinned the policy's choices no longer follow the machine's timings, so a
 greedy run is deterministic: the same prompts give the same strides and the same tokens per
 forward on every run and every machine, and two policy settings compare exactly (where
-`adaptive_check.py`'s tok/s ratios move 10-30% from run to run on this 2-core machine). The
-price: this measures what the policy picks and how many tokens that yields per request-step
-(one request in one forward), not what those forwards cost. `adaptive{...}` adds settings
-to the pinned cost (`ema`, `min_dwell`, `probe_every`, ...). Prints, per method, tokens per
-request-step and, for adaptive, the strides chosen (request-steps) and the verdicts seen per
-draft position.
+`adaptive_check.py`'s tok/s ratios move 10-30% from run to run on this 2-core machine). It
+prints, per method, tokens per request-step (one request in one forward); what those steps
+would cost under the pinned model, from the rows they carried (tok/s at the pinned cost: the
+policy's own objective, not this machine's clock); and, for adaptive, the strides chosen
+(request-steps) and the verdicts seen per draft position. `adaptive{...}` adds settings to
+the pinned cost (`ema`, `relax`, `min_dwell`, `probe_every`, ...).
 """
 
 from __future__ import annotations
@@ -59,6 +59,14 @@ def main() -> None:
         # policy counts every request-step it chose for, plain ones included.
         steps = sum(chosen.values()) if chosen else state["num_steps"]
         line = f"{name:28s} c={args.c:3d}  {tokens / steps:.3f} tokens per request-step"
+        # What those steps cost under the pinned model: the policy's own objective.
+        carried = state["decode_rows"]
+        ms = (
+            args.cost["step_ms"] * carried["steps"]
+            + args.cost["row_ms"] * carried["rows"]
+            + args.cost.get("draft_path_ms", 0.0) * carried["spec_steps"]
+        )
+        line += f"  {1000 * tokens / ms:.1f} tok/s at the pinned cost"
         if chosen:
             seen = state["observed_positions"]
             line += f"  strides {chosen}  verdicts per position {seen}"
