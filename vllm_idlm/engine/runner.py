@@ -130,26 +130,25 @@ def _install_step_timing() -> None:
     def execute_model(self, scheduler_output, *args, **kwargs):
         policy = policy_of(self)
         total = scheduler_output.total_num_scheduled_tokens
-        if total and _is_isd(self):  # what the steps carried (`idlm_state()["decode_rows"]`)
-            slots = scheduler_output.scheduled_spec_decode_tokens
-            requests = len(scheduler_output.num_scheduled_tokens)
-            counts = self.__dict__.setdefault("_idlm_rows", [0, 0, 0])
-            counts[0] += 1
-            counts[1] += min(requests + sum(map(len, slots.values())), total)
-            counts[2] += bool(slots)
-        if policy is not None and total:
-            now = time.perf_counter()
-            step = getattr(self, "_idlm_step", None)
-            seconds = observe_step(policy.cost, step, now)
-            if seconds is not None:
-                policy.measured(step, seconds)
-            if calibrate_once(self):  # its warm-up was skipped: before the first step, then
-                now = time.perf_counter()
+        if total and _is_isd(self):
             slots = scheduler_output.scheduled_spec_decode_tokens
             requests = len(scheduler_output.num_scheduled_tokens)
             # A row that samples per request and per draft slot; the rest are prompt tokens.
             rows = min(requests + sum(map(len, slots.values())), total)
-            self._idlm_step = StepRecord(now, rows, bool(slots), total - rows, plan=policy.planned)
+            counts = self.__dict__.setdefault("_idlm_rows", [0, 0, 0])  # idlm_state's
+            counts[0] += 1
+            counts[1] += rows
+            counts[2] += bool(slots)
+            if policy is not None:
+                now = time.perf_counter()
+                step = getattr(self, "_idlm_step", None)
+                seconds = observe_step(policy.cost, step, now)
+                if seconds is not None:
+                    policy.measured(step, seconds)
+                if calibrate_once(self):  # its warm-up was skipped: before the first step
+                    now = time.perf_counter()
+                plan = policy.planned
+                self._idlm_step = StepRecord(now, rows, bool(slots), total - rows, plan=plan)
         return original_execute(self, scheduler_output, *args, **kwargs)
 
     @functools.wraps(original_sample)
