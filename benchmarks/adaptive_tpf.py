@@ -65,6 +65,7 @@ def main() -> None:
             args.cost["step_ms"] * carried["steps"]
             + args.cost["row_ms"] * carried["rows"]
             + args.cost.get("draft_path_ms", 0.0) * carried["spec_steps"]
+            + args.cost.get("draft_request_ms", 0.0) * carried["draft_requests"]
         )
         line += f"  {1000 * tokens / ms:.1f} tok/s at the pinned cost"
         if chosen:

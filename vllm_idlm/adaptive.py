@@ -8,13 +8,14 @@ it stays warm with probability r_k, so per forward (ADAPTIVE.md):
     tokens(k) = (2 + S_k - r_k) / (2 - r_k)
     rows(k)   = (2k + 1 + (1 - r_k)(k + 1)) / (2 - r_k)
 
-and k = 0 is plain decoding: one row, one token. A step costs c(R) = a + b R (+ d when any
-request carries draft slots: vLLM's speculative path is not free), R the decode rows of the
-batch (prompt tokens of prefill chunks are fitted as a term of their own). The policy
-maximises G = sum_i tokens_i(k_i) / c(sum_i rows_i(k_i)) with Dinkelbach's
-iteration: given G, each request independently takes the k maximising
-tokens_i(k) - G b rows_i(k); G is recomputed until it stops moving. The all-plain batch
-(no speculative path, no d) is the alternative it must beat.
+and k = 0 is plain decoding: one row, one token. A step costs c(R, n) = a + b R (+ d + e n
+when n > 0 requests carry draft slots: vLLM's speculative path is not free, and each
+drafting request adds its own work), R the decode rows of the batch (prompt tokens of
+prefill chunks are fitted as a term of their own). The policy maximises
+G = sum_i tokens_i(k_i) / c(sum_i rows_i(k_i), n) with Dinkelbach's iteration: given G,
+each request independently takes the k maximising tokens_i(k) - G (b rows_i(k) + e [k > 0]);
+G is recomputed until it stops moving. The all-plain batch (no speculative path, no d) is
+the alternative it must beat.
 
 The acceptance estimates are per request and per position (an exponential moving average,
 weight `ema`, of the conditional acceptance a_j = r_j / r_{j-1}, started from the engine-wide
@@ -234,7 +235,7 @@ class StridePolicy:
         states = [self._state(r) for r in req_ids]
         if self.config.relax:
             self._relax(states)
-        key = (tuple(req_ids), self.cost.a, self.cost.b, self.cost.d)
+        key = (tuple(req_ids), self.cost.a, self.cost.b, self.cost.d, self.cost.e)
         if self._decision is None or self._decision[0] != key:
             for s in states:
                 if s.table is None:
@@ -244,7 +245,8 @@ class StridePolicy:
             self._decision = (key, *self._best(tokens, rows))
         _, best, goodput = self._decision
         tables = [s.table for s in states]
-        b, choices, max_drafts = self.cost.b, self.config.choices, self.config.max_drafts
+        b, e = self.cost.b, self.cost.e
+        choices, max_drafts = self.config.choices, self.config.max_drafts
         self.step += 1
         band = SelfCheck.band(len(req_ids)) if self.check is not None else 0
         plain = self.check is not None and self.check.arm(band) == PLAIN
@@ -256,8 +258,8 @@ class StridePolicy:
                 state.k, state.dwell = k_new, 0
             elif k_new != state.k and state.dwell >= self.config.min_dwell:
                 i_old, i_new = choices.index(state.k), choices.index(k_new)
-                old = tokens[i_old] - goodput * b * rows[i_old]
-                new = tokens[i_new] - goodput * b * rows[i_new]
+                old = tokens[i_old] - goodput * (b * rows[i_old] + (e if i_old else 0.0))
+                new = tokens[i_new] - goodput * (b * rows[i_new] + (e if i_new else 0.0))
                 if new > old + self.config.hysteresis * max(abs(old), 1e-9):
                     if k_new > state.k:  # what the last probe was looking for
                         schedule = state.probes if state.k > 0 else self.plain_probes
@@ -317,24 +319,29 @@ class StridePolicy:
 
     def _best(self, tokens: np.ndarray, rows: np.ndarray) -> tuple[list[int], float]:
         """`best_strides` over per-request tokens and rows per choice ([requests, choices])."""
-        choices, b = self.config.choices, self.cost.b
+        choices, b, e = self.config.choices, self.cost.b, self.cost.e
         if not len(tokens):
             return [], 0.0
         at = np.arange(len(tokens))
+        # What a request's own choice costs beyond its rows: e for each choice that drafts.
+        per_request = np.full(len(choices), e)
+        per_request[0] = 0.0
 
         def value(picks: np.ndarray) -> float:
-            spec = bool(picks.any())
-            return float(tokens[at, picks].sum()) / self.cost(float(rows[at, picks].sum()), spec)
+            drafting = int(np.count_nonzero(picks))
+            return float(tokens[at, picks].sum()) / self.cost(
+                float(rows[at, picks].sum()), drafting
+            )
 
         picks = np.full(len(tokens), len(choices) - 1)
         goodput = value(picks)
         for _ in range(16):
-            picks = np.argmax(tokens - (goodput * b) * rows, axis=1)
+            picks = np.argmax(tokens - goodput * (b * rows + per_request), axis=1)
             new = value(picks)
             if abs(new - goodput) <= 1e-9 * goodput:
                 break
             goodput = new
-        plain = len(tokens) / self.cost(len(tokens), False)
+        plain = len(tokens) / self.cost(len(tokens), 0)
         if plain >= goodput:
             return [0] * len(tokens), plain
         return [choices[i] for i in picks.tolist()], goodput

@@ -1,9 +1,10 @@
 """The adaptive policy's model of what a step costs, and how engine steps feed it.
 
-vLLM-free. A step of R decode rows costs a + b R (+ d when any request carries draft slots,
-+ p per prompt token of prefill chunks), measured as the engine starts
-(`vllm_idlm.engine.calibration`) and refined online from every step's time; b is held near
-its measurement at start unless the steps' rows vary enough to say otherwise (`anchor_b`).
+vLLM-free. A step of R decode rows, n of its requests carrying draft slots, costs
+a + b R (+ d + e n when n > 0, + p per prompt token of prefill chunks), measured as the
+engine starts (`vllm_idlm.engine.calibration`) and refined online from every step's time; b
+is held near its measurement at start unless the steps' rows vary enough to say otherwise
+(`anchor_b`), d and e never fall below what was measured at start (`floor_d`, `floor_e`).
 """
 
 from __future__ import annotations
@@ -13,38 +14,47 @@ from dataclasses import dataclass, field
 
 @dataclass
 class StepCost:
-    """c(R, spec) = a + b R + d [spec] for a step of R decode rows (query rows that sample),
-    refined online by exponentially weighted least squares (pinned: kept as given, neither
-    measured nor refitted). Steps that also carry prompt tokens (prefill chunks) are fitted
-    with a fourth term, p per prompt token: prompt rows cost a forward but no sampling and no
-    per-request work, and in a busy engine most steps carry some; counting them as rows
-    would price the policy's rows at the prompt rows' rate."""
+    """c(R, n) = a + b R + [n > 0] d + e n for a step of R decode rows (query rows that
+    sample) of which n requests carry draft slots, refined online by exponentially weighted
+    least squares (pinned: kept as given, neither measured nor refitted). e is what each
+    drafting request adds beyond its rows: the ISD sampler's verify-and-draft work and the
+    engine's bookkeeping per speculative request (0-0.3 ms fitted on the demo models at
+    concurrency 8, RESULTS.md); it is solved only where the number of drafting requests
+    varies from one speculative step to another. Steps that also carry prompt tokens
+    (prefill chunks) are fitted with a term of their own, p per prompt token: prompt rows
+    cost a forward but no sampling and no per-request work, and in a busy engine most steps
+    carry some; counting them as rows would price the policy's rows at the prompt rows'
+    rate."""
 
     a: float
     b: float
     d: float = 0.0
     p: float = 0.0
+    e: float = 0.0
     d_min: float = 0.0  # the floor of d (`floor_d`)
+    e_min: float = 0.0  # the floor of e (`floor_e`)
     b_anchor: float = 0.0  # the per-row cost measured at start (`anchor_b`)
     anchor_weight: float = 0.0  # what that measurement counts for in the fit
     forget: float = 0.98
     pinned: bool = False
     refit_every: int = 8  # steps between least-squares solves (statistics every step)
-    # Weighted sufficient statistics of (x = [1, R, spec, prompt tokens], t).
-    _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
-    _xt: list[float] = field(default_factory=lambda: [0.0] * 4)
+    # Weighted sufficient statistics of (x = [1, R, spec, prompt tokens, n], t).
+    _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 5 for _ in range(5)])
+    _xt: list[float] = field(default_factory=lambda: [0.0] * 5)
     _seen: int = 0
 
-    def __call__(self, rows: float, spec: bool) -> float:
-        return self.a + self.b * rows + (self.d if spec else 0.0)
+    def __call__(self, rows: float, drafting: int) -> float:
+        """The cost of a step of `rows` decode rows of which `drafting` requests draft."""
+        spec = self.d + self.e * drafting if drafting else 0.0
+        return self.a + self.b * rows + spec
 
-    def observe(self, rows: int, spec: bool, seconds: float, prompt_tokens: int = 0) -> None:
+    def observe(self, rows: int, drafting: int, seconds: float, prompt_tokens: int = 0) -> None:
         if self.pinned:
             return
-        x = (1.0, float(rows), 1.0 if spec else 0.0, float(prompt_tokens))
-        for i in range(4):
+        x = (1.0, float(rows), 1.0 if drafting else 0.0, float(prompt_tokens), float(drafting))
+        for i in range(5):
             self._xt[i] = self.forget * self._xt[i] + x[i] * seconds
-            for j in range(4):
+            for j in range(5):
                 self._xx[i][j] = self.forget * self._xx[i][j] + x[i] * x[j]
         self._seen += 1
         if self._seen % self.refit_every == 0:
@@ -55,6 +65,11 @@ class StepCost:
         start): the online fit may raise d, never put it below what was measured."""
         self.d_min = max(seconds, 0.0)
         self.d = max(self.d, self.d_min) if self._seen else self.d_min
+
+    def floor_e(self, seconds: float) -> None:
+        """Keep e at least `seconds` per drafting request (measured at start), as `floor_d`."""
+        self.e_min = max(seconds, 0.0)
+        self.e = max(self.e, self.e_min) if self._seen else self.e_min
 
     def anchor_b(self, b: float, weight: float) -> None:
         """Fit b as a ridge toward `b` (measured at start on rows chosen over a wide range):
@@ -70,12 +85,13 @@ class StepCost:
 
     def _refit(self) -> None:
         """Weighted least squares over what varied: a coefficient whose regressor stayed
-        constant (every step drafted, or none; no prompt tokens) keeps its value, and a d
-        solved below its floor is held at the floor while the others are solved again."""
+        constant (every step drafted, or none; no prompt tokens; as many drafting requests
+        in every step that drafted) keeps its value, and a d or e solved below its floor is
+        held at the floor while the others are solved again."""
         xx = self._xx
         w = xx[0][0]
-        mean = [xx[0][i] / w for i in range(4)]
-        var = [xx[i][i] / w - mean[i] ** 2 for i in range(4)]
+        mean = [xx[0][i] / w for i in range(5)]
+        var = [xx[i][i] / w - mean[i] ** 2 for i in range(5)]
         free = [0]
         if var[1] > 1e-6 * max(mean[1] ** 2, 1.0):
             free.append(1)
@@ -83,14 +99,25 @@ class StepCost:
             free.append(2)
         if var[3] > 1e-6 * max(mean[3] ** 2, 1.0):
             free.append(3)
-        current = {1: self.b, 2: max(self.d, self.d_min), 3: self.p}
+        # n is 0 on every plain step: what tells e from d is n's spread over drafting steps.
+        drafted = xx[2][2]
+        if drafted > 0 and xx[4][4] / drafted - (xx[2][4] / drafted) ** 2 > 0.05:
+            free.append(4)
+        current = {1: self.b, 2: max(self.d, self.d_min), 3: self.p, 4: max(self.e, self.e_min)}
+        floors = {2: self.d_min, 4: self.e_min}
         values = self._solve_for(free, current)
-        if values is not None and values[2] < self.d_min:
-            current[2] = self.d_min
-            values = self._solve_for([j for j in free if j != 2], current)
+        for _ in floors:
+            low = [j for j in floors if j in free and values is not None and values[j] < floors[j]]
+            if not low:
+                break
+            for j in low:
+                current[j] = floors[j]
+            free = [j for j in free if j not in low]
+            values = self._solve_for(free, current)
         if values is not None and values[0] > 0 and values[1] > 0:
             self.a, self.b = values[0], values[1]
             self.d, self.p = max(values[2], self.d_min), max(values[3], 0.0)
+            self.e = max(values[4], self.e_min)
 
     def _solve_for(self, free: list[int], current: dict[int, float]) -> dict[int, float] | None:
         """The coefficients `free` by least squares, the others held at `current`."""
@@ -119,7 +146,7 @@ class StepRecord:
 
     start: float
     rows: int  # decode rows: one per request plus its draft slots
-    spec: bool  # some request carried draft slots
+    drafting: int  # requests that carried draft slots
     prompt_tokens: int = 0  # rows of prefill chunks
     sampled: float | None = None  # when its sampling ended
     plan: tuple | None = None  # the policy's `planned` for this step (for its self-check)
@@ -132,7 +159,7 @@ def observe_step(cost: StepCost, step: StepRecord | None, now: float) -> float |
     if step is None or step.sampled is None:
         return None
     end = now if now - step.sampled <= IDLE_GAP_S else step.sampled
-    cost.observe(step.rows, step.spec, end - step.start, step.prompt_tokens)
+    cost.observe(step.rows, step.drafting, end - step.start, step.prompt_tokens)
     return end - step.start
 
 

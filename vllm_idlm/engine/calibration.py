@@ -5,14 +5,15 @@ Two measurements on dummy steps, off the request path:
 - c(R) = a + b R: dummy forwards of R query rows, each with the logits and the argmax a
   plain step computes for every row, fitted by least squares over R = 1 .. 512. The online
   fit starts from a and keeps b near this measurement (a ridge, `StepCost.anchor_b`).
-- a floor for d, the speculative path's fixed cost: one request's step at the smallest
-  stride k (1 + 2k rows: the last token, k drafts, k MASK slots) against a plain step of as
-  many rows. The difference is what a dummy step can show of the speculative path: the gated
+- floors for d, the speculative path's fixed cost, and e, its cost per drafting request:
+  steps of one request and of `MANY_REQUESTS` at the smallest stride k (1 + 2k rows each:
+  the last token, k drafts, k MASK slots) against plain steps of as many rows, d + e and
+  d + e n. The difference is what a dummy step can show of the speculative path: the gated
   adapter's pass over the MASK rows (lossless mode) and the ISD sampler's verify-and-draft
-  pass against an argmax. Online timing of real steps can only raise d above it. Without the
-  floor, d is fitted from the few steps that draft, and at concurrency 1 every such step is
-  also a step with more rows: d and b are nearly collinear there, and a fit that put d at 0
-  priced drafting below what it costs.
+  pass against an argmax. Online timing of real steps can only raise d and e above them.
+  Without the floor, d is fitted from the few steps that draft, and at concurrency 1 every
+  such step is also a step with more rows: d and b are nearly collinear there, and a fit
+  that put d at 0 priced drafting below what it costs.
 """
 
 from __future__ import annotations
@@ -46,25 +47,27 @@ def _plain_rows(runner, rows: int) -> None:
     runner.model.compute_logits(hidden).argmax(dim=-1).cpu()
 
 
-def _speculative_rows(runner, k: int, mask_token_id: int) -> None:
-    """One request's step at stride k: 1 + 2k rows whose last k are MASK slots (the gated
-    adapter, if any, opens on them), then the ISD sampler's pass over them and its one sync."""
+def _speculative_rows(runner, k: int, mask_token_id: int, requests: int = 1) -> None:
+    """A step of `requests` requests at stride k: 1 + 2k rows each, whose last k are MASK
+    slots (the gated adapter, if any, opens on them), then the ISD sampler's pass over them
+    and its one sync."""
     rows = 1 + 2 * k
     ids = runner.input_ids.gpu
-    ids[rows - k : rows] = mask_token_id
+    for i in range(requests):
+        ids[i * rows + rows - k : (i + 1) * rows] = mask_token_id
     try:
-        hidden, _ = runner._dummy_run(rows)
+        hidden, _ = runner._dummy_run(rows * requests)
     finally:
-        ids[:rows] = 0
+        ids[: rows * requests] = 0
     logits = runner.model.compute_logits(hidden).float()
     device = logits.device
     step = verify_and_draft(
         logits,
-        torch.zeros(k, dtype=torch.int64, device=device),
+        torch.zeros(k * requests, dtype=torch.int64, device=device),
         None,
-        [k],
-        [k],
-        torch.zeros(1, dtype=torch.float32, device=device),
+        [k] * requests,
+        [k] * requests,
+        torch.zeros(requests, dtype=torch.float32, device=device),
         None,
         None,
         None,
@@ -74,22 +77,40 @@ def _speculative_rows(runner, k: int, mask_token_id: int) -> None:
     torch.cat([step.num_accepted, step.next_draft_ids]).tolist()
 
 
-def speculative_floor(runner, k: int, mask_token_id: int, repeats: int = 9) -> float:
-    """Seconds a step at stride k costs over a plain step of as many rows (>= 0): the least
-    of `repeats` of each, taken in turns so that both see the same machine."""
+def speculative_floor(
+    runner, k: int, mask_token_id: int, requests: int = 1, repeats: int = 9
+) -> float:
+    """Seconds a step of `requests` requests at stride k costs over a plain step of as many
+    rows (>= 0): the least of `repeats` of each, taken in turns so that both see the same
+    machine."""
+    rows = (1 + 2 * k) * requests
     plain = speculative = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        _plain_rows(runner, 1 + 2 * k)
+        _plain_rows(runner, rows)
         plain = min(plain, time.perf_counter() - start)
         start = time.perf_counter()
-        _speculative_rows(runner, k, mask_token_id)
+        _speculative_rows(runner, k, mask_token_id, requests)
         speculative = min(speculative, time.perf_counter() - start)
     return max(speculative - plain, 0.0)
 
 
+def speculative_floors(runner, k: int, mask_token_id: int, many: int) -> tuple[float, float]:
+    """Floors of d and e: the speculative path's cost over plain steps for one request and
+    for `many`, d + e and d + e many, solved for d and e (each >= 0)."""
+    one = speculative_floor(runner, k, mask_token_id)
+    if many < 2:
+        return one, 0.0
+    per_request = max((speculative_floor(runner, k, mask_token_id, many) - one) / (many - 1), 0.0)
+    return max(one - per_request, 0.0), per_request
+
+
+# The batch on which the per-request cost of drafting is measured (against one request).
+MANY_REQUESTS = 8
+
+
 def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> float:
-    """Measure a, b and the floor of d for `policy`'s cost model; returns the seconds it took."""
+    """Measure a, b and the floors of d and e for `policy`'s cost model; returns the seconds it took."""
     limit = runner.scheduler_config.max_num_batched_tokens
     began = time.perf_counter()
     points = []
@@ -107,14 +128,18 @@ def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> f
         cost.anchor_b(fit[1], fit[2])
     k = min(policy.config.strides)
     if 1 + 2 * k <= limit:
-        cost.floor_d(speculative_floor(runner, k, runner.drafter.options.mask_token_id))
+        many = min(MANY_REQUESTS, limit // (1 + 2 * k), runner.scheduler_config.max_num_seqs)
+        d, e = speculative_floors(runner, k, runner.drafter.options.mask_token_id, many)
+        cost.floor_d(d)
+        cost.floor_e(e)
     seconds = time.perf_counter() - began
     logger.info(
-        "idlm: step cost %.2f ms + %.4f ms per query row, + %.2f ms (at least) when a request "
-        "drafts (measured on %s rows in %.1f s)",
+        "idlm: step cost %.2f ms + %.4f ms per query row, + %.2f ms + %.3f ms per drafting "
+        "request (at least) when requests draft (measured on %s rows in %.1f s)",
         cost.a * 1e3,
         cost.b * 1e3,
         cost.d * 1e3,
+        cost.e * 1e3,
         [r for r, _ in points],
         seconds,
     )

@@ -32,6 +32,7 @@ def make_policy(options: IsdOptions) -> StridePolicy:
             a=settings["step_ms"] / 1e3,
             b=settings["row_ms"] / 1e3,
             d=settings.get("draft_path_ms", 0.0) / 1e3,
+            e=settings.get("draft_request_ms", 0.0) / 1e3,
             pinned=True,
         )
     else:

@@ -128,17 +128,19 @@ def _install_step_timing() -> None:
 
     @functools.wraps(original_execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
-        policy = policy_of(self)
         total = scheduler_output.total_num_scheduled_tokens
         if total and _is_isd(self):
+            policy = policy_of(self)
             slots = scheduler_output.scheduled_spec_decode_tokens
             requests = len(scheduler_output.num_scheduled_tokens)
             # A row that samples per request and per draft slot; the rest are prompt tokens.
             rows = min(requests + sum(map(len, slots.values())), total)
-            counts = self.__dict__.setdefault("_idlm_rows", [0, 0, 0])  # idlm_state's
+            drafting = sum(1 for s in slots.values() if s)  # requests with draft slots
+            counts = self.__dict__.setdefault("_idlm_rows", [0, 0, 0, 0])  # idlm_state's
             counts[0] += 1
             counts[1] += rows
-            counts[2] += bool(slots)
+            counts[2] += drafting > 0
+            counts[3] += drafting
             if policy is not None:
                 now = time.perf_counter()
                 step = getattr(self, "_idlm_step", None)
@@ -148,7 +150,7 @@ def _install_step_timing() -> None:
                 if calibrate_once(self):  # its warm-up was skipped: before the first step
                     now = time.perf_counter()
                 plan = policy.planned
-                self._idlm_step = StepRecord(now, rows, bool(slots), total - rows, plan=plan)
+                self._idlm_step = StepRecord(now, rows, drafting, total - rows, plan=plan)
         return original_execute(self, scheduler_output, *args, **kwargs)
 
     @functools.wraps(original_sample)
@@ -186,16 +188,29 @@ def idlm_state(worker) -> dict | None:
         "num_unverifiable": state.num_unverifiable,
         "num_plain_steps": state.num_plain_steps,
     }
-    steps, rows, spec = getattr(runner, "_idlm_rows", (0, 0, 0))
-    # Decode rows (one per request plus its draft slots) over all steps, and the steps that
-    # took the speculative path: with a step cost a + b rows (+ d), what the steps cost.
-    out["decode_rows"] = {"steps": steps, "rows": rows, "spec_steps": spec}
+    steps, rows, spec, drafting = getattr(runner, "_idlm_rows", (0, 0, 0, 0))
+    # Decode rows (one per request plus its draft slots) over all steps, the steps that took
+    # the speculative path and the requests that drafted in them: with a step cost
+    # a + b rows (+ d + e drafting), what the steps cost.
+    out["decode_rows"] = {
+        "steps": steps,
+        "rows": rows,
+        "spec_steps": spec,
+        "draft_requests": drafting,
+    }
     policy = state.policy
     if policy is not None:
         # What the adaptive policy believes: its step cost model and the engine-wide
         # conditional acceptance per position.
         cost = policy.cost
-        out["step_cost"] = {"a": cost.a, "b": cost.b, "d": cost.d, "d_floor": cost.d_min}
+        out["step_cost"] = {
+            "a": cost.a,
+            "b": cost.b,
+            "d": cost.d,
+            "d_floor": cost.d_min,
+            "e": cost.e,
+            "e_floor": cost.e_min,
+        }
         out["calibration_s"] = getattr(runner, "_idlm_calibration_s", None)
         out["engine_acceptance"] = list(policy.engine_conditional)
         out["observed_positions"] = list(policy.observed)
