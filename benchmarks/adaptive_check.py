@@ -178,6 +178,11 @@ def main() -> None:
         print(f"  verdicts seen per draft position: {state['observed_positions']}")
         print(f"  step cost measured at engine start in {state['calibration_s']:.1f} s")
         print(f"  strides chosen (request-steps, all c): {state['strides_chosen']}")
+        carried = state["decode_rows"]
+        print(
+            f"  probes {state['probes']}; speculative steps {carried['spec_steps']} of "
+            f"{carried['steps']} decode steps, {carried['draft_requests']} drafting request-steps"
+        )
         if "self_check" in state:
             print(f"  check against plain decoding: {state['self_check']}")
     for llm in engines.values():

@@ -187,6 +187,9 @@ class StridePolicy:
         self.observed = [0] * config.max_drafts  # verdicts seen per position, engine-wide
         self.requests: dict[str, _RequestState] = {}
         self.chosen: dict[int, int] = {}  # k -> how many request-steps were given it
+        # Probing counted apart: engine steps with a probe, request-steps probed, and the
+        # raises of k the estimates then made.
+        self.probed = {"steps": 0, "request_steps": 0, "raises": 0}
         self.step = 0  # engine steps chosen for
         self.plain_probes = _ProbeSchedule(0)
         self._plain_probe: tuple[int, bool] = (0, False)  # (step, probing) memo
@@ -250,7 +253,7 @@ class StridePolicy:
         self.step += 1
         band = SelfCheck.band(len(req_ids)) if self.check is not None else 0
         plain = self.check is not None and self.check.arm(band) == PLAIN
-        chosen = []
+        chosen, probed = [], 0
         for state, (tokens, rows), k_new in zip(states, tables, best, strict=True):
             state.steps += 1
             state.dwell += 1
@@ -265,12 +268,17 @@ class StridePolicy:
                         schedule = state.probes if state.k > 0 else self.plain_probes
                         if schedule is not None:
                             schedule.raised = True
+                        self.probed["raises"] += 1
                     state.k, state.dwell = k_new, 0
             k = 0 if plain else state.k  # the model's k, unless the check holds plain
             if k < max_drafts and self._probes(state, k):
                 k = next(c for c in choices if c > k)  # probe one position more
+                probed += 1
             chosen.append(k)
             self.chosen[k] = self.chosen.get(k, 0) + 1
+        if probed:
+            self.probed["steps"] += 1
+            self.probed["request_steps"] += probed
         if self.check is not None:
             self.planned = (band, PLAIN if plain else MODEL, any(s.k > 0 for s in states))
         return chosen

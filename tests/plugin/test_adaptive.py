@@ -95,6 +95,8 @@ def test_plain_requests_probe_on_the_same_step():
             drafting_steps.append(step)
             assert all(k == 1 for k in ks)  # everyone probes then, one position
     assert drafting_steps == [3, 7, 11, 15]
+    # Counted apart (idlm_state reports them): 4 steps, each probing every request it had.
+    assert q.probed == {"steps": 4, "request_steps": 4 + 8 + 12 + 16, "raises": 0}
 
 
 def test_probes_that_change_nothing_back_off_and_one_that_raises_k_resets_them():
@@ -116,6 +118,7 @@ def test_probes_that_change_nothing_back_off_and_one_that_raises_k_resets_them()
     ks = [q.choose(["r", "s"]) for _ in range(20)]
     steps = [62 + i for i, k in enumerate(ks) if any(k)]
     assert steps[:3] == [64, 68, 76]  # the probe at 64 saw the raise: the base interval
+    assert q.probed["raises"] == 2  # both requests raised their k once
     # (Without `relax`, which would bring the rejected position back by itself.)
     config = AdaptiveConfig(strides=(1, 3), prior=0.9, probe_every=2, max_probe_every=8, relax=0)
     d = StridePolicy(config, StepCost(a=0.050, b=0.00001))

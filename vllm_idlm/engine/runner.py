@@ -215,6 +215,7 @@ def idlm_state(worker) -> dict | None:
         out["engine_acceptance"] = list(policy.engine_conditional)
         out["observed_positions"] = list(policy.observed)
         out["strides_chosen"] = dict(sorted(policy.chosen.items()))
+        out["probes"] = dict(policy.probed)
         if policy.check is not None:  # verdicts of the check against plain decoding
             out["self_check"] = {
                 "steps": policy.check.steps,
