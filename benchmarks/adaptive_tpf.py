@@ -71,7 +71,9 @@ def main() -> None:
         if chosen:
             seen = state["observed_positions"]
             line += f"  strides {chosen}  verdicts per position {seen}"
-            line += f"  probes {state['probes']}  spec steps {carried['spec_steps']}/{carried['steps']}"
+            line += (
+                f"  probes {state['probes']}  spec steps {carried['spec_steps']}/{carried['steps']}"
+            )
         print(line, flush=True)
         llm.llm_engine.engine_core.shutdown()
 

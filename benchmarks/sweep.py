@@ -5,7 +5,9 @@
 
 For each method one engine (max_num_seqs = the largest concurrency); for each concurrency c a
 closed loop keeps c requests in flight over the same held-out prompts (stdlib files never
-trained on), greedy and T=0.7 (seeded per prompt). Writes a CSV (method, temperature,
+trained on), greedy and T=0.7 (unseeded, as `vllm bench serve` sends them; `--seeded` gives
+each request a seed of its own, and a seeded random request keeps the fixed K under the
+adaptive policy, so its output does not depend on the machine's timings). Writes a CSV (method, temperature,
 concurrency, tok/s, ratio to plain, tokens per forward) and, when matplotlib is installed, a
 PNG next to it with tokens/s and speedup over plain against concurrency.
 """
@@ -67,7 +69,9 @@ def run_method(model, spec, prompts, args) -> list[dict]:
         timed_generate(llm, prompts[:2], warm, concurrency=2)
         for t in args.temperature:
             params = [
-                SamplingParams(temperature=t, max_tokens=args.max_tokens, seed=i if t else None)
+                SamplingParams(
+                    temperature=t, max_tokens=args.max_tokens, seed=i if t and args.seeded else None
+                )
                 for i in range(len(prompts))
             ]
             for c in args.c:
@@ -157,6 +161,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(ap)
     ap.add_argument("--out", type=Path, default=Path("results/sweep.csv"))
+    ap.add_argument("--seeded", action="store_true", help="a seed per request at T > 0")
     args = ap.parse_args()
     args.models = args.models.expanduser()
 

@@ -248,7 +248,6 @@ class StridePolicy:
             self._decision = (key, *self._best(tokens, rows))
         _, best, goodput = self._decision
         tables = [s.table for s in states]
-        b, e = self.cost.b, self.cost.e
         choices, max_drafts = self.config.choices, self.config.max_drafts
         self.step += 1
         band = SelfCheck.band(len(req_ids)) if self.check is not None else 0
@@ -260,9 +259,8 @@ class StridePolicy:
             if state.k < 0:  # a new request starts at the batch's best choice
                 state.k, state.dwell = k_new, 0
             elif k_new != state.k and state.dwell >= self.config.min_dwell:
-                i_old, i_new = choices.index(state.k), choices.index(k_new)
-                old = tokens[i_old] - goodput * (b * rows[i_old] + (e if i_old else 0.0))
-                new = tokens[i_new] - goodput * (b * rows[i_new] + (e if i_new else 0.0))
+                net = self._net(np.asarray(tokens), np.asarray(rows), goodput)
+                old, new = float(net[choices.index(state.k)]), float(net[choices.index(k_new)])
                 if new > old + self.config.hysteresis * max(abs(old), 1e-9):
                     if k_new > state.k:  # what the last probe was looking for
                         schedule = state.probes if state.k > 0 else self.plain_probes
@@ -325,15 +323,20 @@ class StridePolicy:
         tables = [_table(r, self.config.choices) for r in rates]
         return self._best(np.array([t for t, _ in tables]), np.array([r for _, r in tables]))
 
+    def _net(self, tokens: np.ndarray, rows: np.ndarray, goodput: float) -> np.ndarray:
+        """What each choice of k nets a request at the batch's goodput G (tokens and rows per
+        choice, in the last axis): tokens(k) - G (b rows(k) + e [k > 0]), e being what each
+        drafting request adds to the step beyond its rows."""
+        per_request = np.full(len(self.config.choices), self.cost.e)
+        per_request[0] = 0.0
+        return tokens - goodput * (self.cost.b * rows + per_request)
+
     def _best(self, tokens: np.ndarray, rows: np.ndarray) -> tuple[list[int], float]:
         """`best_strides` over per-request tokens and rows per choice ([requests, choices])."""
-        choices, b, e = self.config.choices, self.cost.b, self.cost.e
+        choices = self.config.choices
         if not len(tokens):
             return [], 0.0
         at = np.arange(len(tokens))
-        # What a request's own choice costs beyond its rows: e for each choice that drafts.
-        per_request = np.full(len(choices), e)
-        per_request[0] = 0.0
 
         def value(picks: np.ndarray) -> float:
             drafting = int(np.count_nonzero(picks))
@@ -344,7 +347,7 @@ class StridePolicy:
         picks = np.full(len(tokens), len(choices) - 1)
         goodput = value(picks)
         for _ in range(16):
-            picks = np.argmax(tokens - goodput * (b * rows + per_request), axis=1)
+            picks = np.argmax(self._net(tokens, rows, goodput), axis=1)
             new = value(picks)
             if abs(new - goodput) <= 1e-9 * goodput:
                 break

@@ -81,13 +81,14 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
     assert not mismatches, f"{len(mismatches)}/64 prompts differ, first: {mismatches[:5]}"
 
 
-def test_slot_free_greedy_steps_take_vllms_plain_path_and_random_ones_do_not(
+def test_slot_free_steps_take_vllms_plain_path_unless_a_request_has_a_seed(
     demo_models, heldout_prompts, plain_outputs, llm_factory, generate
 ):
     """An engine whose pinned cost never lets a request draft: every step is slot-free. The
-    greedy ones run vLLM's plain branch (no speculative metadata, vLLM's sampler) and emit
-    plain decoding's tokens; a random batch keeps the ISD sampler's path (its generators must
-    draw alike whatever the batch carries)."""
+    greedy ones and the unseeded random ones run vLLM's plain branch (no speculative
+    metadata, vLLM's sampler) and greedy emits plain decoding's tokens; a batch with a seeded
+    random request keeps the ISD sampler's path (its generator must draw alike whatever the
+    batch carries; such a request drafts at the fixed K, so its steps carry slots anyway)."""
     never = {"adaptive": {"step_ms": 1e-3, "row_ms": 1e3, "probe_every": 1 << 30}}
     with llm_factory(demo_models["idlm"], 3, never, max_num_seqs=16) as llm:
         isd_outputs = generate(llm, heldout_prompts[:16], GREEDY)
@@ -96,9 +97,18 @@ def test_slot_free_greedy_steps_take_vllms_plain_path_and_random_ones_do_not(
         assert state["num_plain_steps"] >= GREEDY.max_tokens, state
         plain_steps = state["num_plain_steps"]
         random = SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True)
-        assert all(len(out) == 8 for out in generate(llm, heldout_prompts[:4], random))
+        sampled = generate(llm, heldout_prompts[:4], random)
+        assert all(len(out) == 8 for out in sampled)
+        (state,) = llm.collective_rpc("idlm_state")
+        assert state["num_plain_steps"] >= plain_steps + 7, state  # its decode steps, plainly
+        assert sampled != plain_outputs[:4] and sampled != [o[:8] for o in plain_outputs[:4]]
+        plain_steps, isd_steps = state["num_plain_steps"], state["num_steps"]
+        seeded = SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True, seed=7)
+        first = generate(llm, heldout_prompts[:4], seeded)
         (state,) = llm.collective_rpc("idlm_state")
         assert state["num_plain_steps"] == plain_steps, state
+        assert state["num_steps"] > isd_steps, state  # on the ISD path, at the fixed K
+        assert generate(llm, heldout_prompts[:4], seeded) == first  # and reproducible
     assert isd_outputs == plain_outputs[:16]
 
 

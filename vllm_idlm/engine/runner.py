@@ -83,13 +83,14 @@ def install() -> None:
 
 
 def _install_slot_free_greedy_steps() -> None:
-    """A step in which no request carries a draft slot and every request is greedy takes
-    vLLM's plain branch of `_prepare_inputs` (one logits row per request, no speculative
-    metadata), so `_sample` runs vLLM's own sampler: the token is the argmax either way (the
-    MASK token's logit is -inf), and vLLM 0.32 otherwise builds speculative metadata on every
-    step under a speculative config (index arrays, host-to-device copies, a gather). Steps
-    with a random request keep the ISD path: their generators must draw the same numbers
-    whatever the rest of the batch carries, which the ISD sampler guarantees."""
+    """A step in which no request carries a draft slot and none samples from a seed of its
+    own takes vLLM's plain branch of `_prepare_inputs` (one logits row per request, no
+    speculative metadata), so `_sample` runs vLLM's own sampler: the same distribution of the
+    next token either way (the MASK token's logit is -inf in both), and vLLM 0.32 otherwise
+    builds speculative metadata on every step under a speculative config (index arrays,
+    host-to-device copies, a gather). Steps with a seeded random request keep the ISD path:
+    its generator must draw the same numbers whatever the rest of the batch carries, which
+    the ISD sampler guarantees."""
     original_prepare = GPUModelRunner._prepare_inputs
     if getattr(original_prepare, "_idlm_wrapped", False):
         return
@@ -98,7 +99,7 @@ def _install_slot_free_greedy_steps() -> None:
     def _prepare_inputs(self, scheduler_output, *args, **kwargs):
         if (
             scheduler_output.scheduled_spec_decode_tokens
-            or not self.input_batch.all_greedy
+            or self.input_batch.generators  # seeded random requests
             or not _is_isd(self)
         ):
             return original_prepare(self, scheduler_output, *args, **kwargs)
