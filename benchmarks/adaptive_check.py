@@ -24,10 +24,7 @@ import json
 import time
 from pathlib import Path
 
-from sweep import ENGINE, heldout
-
-# vLLM's shm message queue spins (sched_yield) for 1 s after a worker's last read.
-QUIET_S = 1.5
+from sweep import ENGINE, QUIET_S, heldout
 
 # A pinned step cost under which drafting never pays, and no probes: every step of this
 # engine is a zero-draft step on the ISD path (what the plugin costs when nobody drafts).

@@ -3,13 +3,16 @@
     python benchmarks/sweep.py --models ~/.cache/vllm-idlm/demo --out results/sweep.csv
     python benchmarks/sweep.py --models ~/.cache/vllm-idlm/demo --lossless   # base + adapter
 
-For each method one engine (max_num_seqs = the largest concurrency); for each concurrency c a
-closed loop keeps c requests in flight over the same held-out prompts (stdlib files never
-trained on), greedy and T=0.7 (unseeded, as `vllm bench serve` sends them; `--seeded` gives
-each request a seed of its own, and a seeded random request keeps the fixed K under the
-adaptive policy, so its output does not depend on the machine's timings). Writes a CSV (method, temperature,
-concurrency, tok/s, ratio to plain, tokens per forward) and, when matplotlib is installed, a
-PNG next to it with tokens/s and speedup over plain against concurrency.
+For each method one engine (max_num_seqs = the largest concurrency), all alive at once and
+taking turns at each point; for each concurrency c a closed loop keeps c requests in flight
+over the same held-out prompts (stdlib files never trained on), greedy and T=0.7 (unseeded,
+as `vllm bench serve` sends them; `--seeded` gives each request a seed of its own, and a
+seeded random request keeps the fixed K under the adaptive policy, so that its output does
+not depend on the machine's timings). Writes a CSV (method, temperature, concurrency, tok/s,
+ratio to plain) and, when matplotlib is installed, a PNG next to it with tokens/s and speedup
+over plain against concurrency. Tokens per forward are in `serve_sweep.py`'s CSV (one server
+per method): with several engines in one process vLLM's metrics registry holds only the last
+engine's.
 """
 
 from __future__ import annotations
@@ -17,8 +20,12 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+import time
 from pathlib import Path
 
+# vLLM's shm message queue spins (sched_yield) for 1 s after a worker's last read: the
+# seconds left between two engines' runs.
+QUIET_S = 1.5
 ENGINE = dict(
     dtype="float32",
     max_model_len=512,
@@ -57,16 +64,24 @@ def methods(args) -> list[tuple[str, Path, dict | None]]:
     return rows
 
 
-def run_method(model, spec, prompts, args) -> list[dict]:
+def measure(model_of: dict, prompts, args) -> list[dict]:
+    """Every method at every (temperature, concurrency) point, the methods taking turns at each
+    point (the order rotating from point to point), with all engines alive: a ratio to plain
+    then compares runs minutes apart at most, where one engine after another (the first
+    version) compared runs a quarter of an hour apart on a machine whose speed drifts."""
     from vllm import LLM, SamplingParams
 
     from vllm_idlm.measure import timed_generate
 
-    llm = LLM(model=str(model), speculative_config=spec, max_num_seqs=max(args.c), **ENGINE)
-    rows = []
+    engines = {}
     try:
-        warm = SamplingParams(temperature=0.0, max_tokens=8)
-        timed_generate(llm, prompts[:2], warm, concurrency=2)
+        for name, (model, spec) in model_of.items():
+            engines[name] = LLM(
+                model=str(model), speculative_config=spec, max_num_seqs=max(args.c), **ENGINE
+            )
+            warm = SamplingParams(temperature=0.0, max_tokens=8)
+            timed_generate(engines[name], prompts[:2], warm, concurrency=2)
+        names, rows, turn = list(engines), [], 0
         for t in args.temperature:
             params = [
                 SamplingParams(
@@ -75,20 +90,26 @@ def run_method(model, spec, prompts, args) -> list[dict]:
                 for i in range(len(prompts))
             ]
             for c in args.c:
-                r = timed_generate(llm, prompts, params, concurrency=c)
-                m = r.metrics
-                rows.append(
-                    dict(
-                        temperature=t,
-                        concurrency=c,
-                        tok_s=round(r.tokens_per_second, 1),
-                        tpf=round(m.tokens_per_forward, 3) if m.num_rounds else 1.0,
+                for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                    # vLLM's workers spin for a second after their last step: let the engine
+                    # that ran before go idle, or its spinning takes a core from this one.
+                    time.sleep(QUIET_S)
+                    r = timed_generate(engines[name], prompts, params, concurrency=c)
+                    rows.append(
+                        dict(
+                            method=name,
+                            temperature=t,
+                            concurrency=c,
+                            tok_s=round(r.tokens_per_second, 1),
+                        )
                     )
-                )
-                print(rows[-1], file=sys.stderr, flush=True)
+                    print(rows[-1], file=sys.stderr, flush=True)
+                turn += 1
     finally:
-        llm.llm_engine.engine_core.shutdown()
-    return rows
+        for llm in engines.values():
+            llm.llm_engine.engine_core.shutdown()
+    order = {name: i for i, name in enumerate(model_of)}  # the table: method by method
+    return sorted(rows, key=lambda r: order[r["method"]])
 
 
 def plot(table: list[dict], path: Path) -> bool:
@@ -166,10 +187,7 @@ def main() -> None:
     args.models = args.models.expanduser()
 
     prompts = heldout(args.models, args.prompts, args.prompt_len)
-    table = []
-    for name, model, spec in methods(args):
-        for row in run_method(model, spec, prompts, args):
-            table.append({"method": name, **row})
+    table = measure({name: (model, spec) for name, model, spec in methods(args)}, prompts, args)
     report(
         table,
         args,
