@@ -7,8 +7,8 @@ For each method one engine (max_num_seqs = the largest concurrency), all alive a
 taking turns at each point; for each concurrency c a closed loop keeps c requests in flight
 over the same held-out prompts (stdlib files never trained on), greedy and T=0.7 (unseeded,
 as `vllm bench serve` sends them; `--seeded` gives each request a seed of its own, and a
-seeded random request keeps the fixed K under the adaptive policy, so that its output does
-not depend on the machine's timings). Writes a CSV (method, temperature, concurrency, tok/s,
+seeded random request decodes plainly under the adaptive policy, so that its output does
+not depend on the machine's timings or the load). Writes a CSV (method, temperature, concurrency, tok/s,
 ratio to plain) and, when matplotlib is installed, a PNG next to it with tokens/s and speedup
 over plain against concurrency. Tokens per forward are in `serve_sweep.py`'s CSV (one server
 per method): with several engines in one process vLLM's metrics registry holds only the last

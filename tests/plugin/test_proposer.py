@@ -89,10 +89,11 @@ def test_a_request_turned_plain_still_verifies_the_drafts_it_has():
     assert not p.state.draft_probs
 
 
-def test_a_seeded_request_keeps_the_largest_stride_whatever_the_policy_chooses():
-    """Under a step cost that makes the policy decode plainly, an unseeded request gets no
-    slots; a seeded random one gets K MASKs every step (its tokens must repeat per seed);
-    a seeded greedy one follows the policy (greedy tokens do not depend on the strides)."""
+def test_a_seeded_random_request_decodes_plainly_whatever_the_policy_chooses():
+    """Under a step cost that makes the policy draft K=3 for everyone, an unseeded request
+    and a seeded greedy one (greedy tokens do not depend on the strides) get K MASKs; a
+    seeded random one gets no slots on any step (its tokens must repeat per seed, whatever
+    the load); alone, it still gets none. A fixed K drafts for it."""
     options = IsdOptions(num_drafts=3, adaptive=True, mask_token_id=MASK, strides=(1, 2, 3))
     p = IsdProposer(SimpleNamespace(additional_config={"idlm": options.to_dict()}))
     kinds = {
@@ -107,11 +108,20 @@ def test_a_seeded_request_keeps_the_largest_stride_whatever_the_policy_chooses()
         )
     )
     policy = p.state.policy
-    policy.cost.a, policy.cost.b, policy.cost.d = 1e-4, 1e-3, 0.0
+    policy.cost.a, policy.cost.b, policy.cost.d, policy.cost.e = 1.0, 1e-6, 0.0, 0.0
     policy.config = replace(policy.config, probe_every=1000)
     for _ in range(3):
-        assert p.propose([[1], [2], [3]]) == [[], [MASK] * 3, []]
+        assert p.propose([[1], [2], [3]]) == [[MASK] * 3, [], [MASK] * 3]
     p._runner.input_batch.req_ids = ["b"]  # nobody left for the policy to choose for
+    assert p.propose([[2]]) == [[]]
+    fixed = IsdOptions(num_drafts=3, adaptive=False, mask_token_id=MASK)
+    p = IsdProposer(SimpleNamespace(additional_config={"idlm": fixed.to_dict()}))
+    p.bind_runner(
+        SimpleNamespace(
+            input_batch=SimpleNamespace(req_ids=["b"]),
+            requests={"b": SimpleNamespace(sampling_params=kinds["b"])},
+        )
+    )
     assert p.propose([[2]]) == [[MASK] * 3]
 
 

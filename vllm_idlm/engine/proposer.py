@@ -109,9 +109,10 @@ class IsdProposer:
 
     def _strides(self, req_ids: list[str], params: list[Any]):
         """K for each drafting request's next step: the policy's choice, or the fixed K.
-        A seeded random request keeps the largest stride whatever the policy does: the
-        policy's choices follow the machine's timings and the other requests, and a seed
-        must give the same tokens on every call (as it does at a fixed K)."""
+        Under the policy a seeded random request decodes plainly (k = 0): the policy's
+        choices follow the machine's timings and the other requests, and a seed must give
+        the same tokens on every call, so its stride may not depend on them; plain decoding
+        is the one stride that never loses to plain decoding. A fixed K drafts for it."""
         policy = self.state.policy
         if policy is None:
             return iter([self.options.num_drafts] * len(req_ids))
@@ -119,5 +120,4 @@ class IsdProposer:
         if not any(seeded):
             return iter(policy.choose(req_ids))
         chosen = iter(policy.choose([r for r, s in zip(req_ids, seeded, strict=True) if not s]))
-        fixed = policy.config.max_drafts
-        return iter([fixed if s else next(chosen) for s in seeded])
+        return iter([0 if s else next(chosen) for s in seeded])
