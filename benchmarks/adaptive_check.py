@@ -129,6 +129,8 @@ def main() -> None:
             (state,) = engines[name].collective_rpc("idlm_state")
             cost = {k: f"{v * 1e3:.2f} ms" for k, v in state["step_cost"].items()}
             print(f"  adaptive: step cost measured at engine start {cost}", flush=True)
+            bend = ", ".join(f"{r}: {s * 1e3:+.2f}" for r, s in state["step_cost_bend"])
+            print(f"  adaptive: over the line, ms at rows {{{bend}}}", flush=True)
         timed_generate(engines[name], prompts[:2], params, concurrency=2)  # warm-up
 
     names = list(engines)

@@ -69,6 +69,9 @@ class AdaptiveConfig:
     check_hold: int = 64
     max_check_hold: int = 2048
     check_margin: float = 0.02
+    # Price small batches on the step times measured at start where they leave the straight
+    # line in rows (`StepCost.bend`); false keeps the line.
+    bend: bool = True
 
     def __post_init__(self) -> None:
         if not self.strides or min(self.strides) < 1:
@@ -105,6 +108,8 @@ class AdaptiveConfig:
             raise ValueError(
                 f"adaptive: self_check is true or false and check_margin in [0, 1), got {self}"
             )
+        if not isinstance(self.bend, bool):
+            raise ValueError(f"adaptive: bend is true or false, got {self.bend!r}")
 
     @property
     def max_drafts(self) -> int:
@@ -196,6 +201,7 @@ class StridePolicy:
         # The batch's best strides, kept while neither the batch, nor any of its requests'
         # estimates, nor the step cost changed (most steps of a batch decoding plainly).
         self._decision: tuple[tuple, list[int], float] | None = None
+        self.row_cost = cost.b  # b, or the bent cost of a row at the last plan (`_best`)
         # The check against plain decoding (not with a pinned cost: strides then do not
         # depend on the machine's timings) and, with it on, what the next step was planned
         # as: (band, arm, whether the model drafted).
@@ -259,7 +265,7 @@ class StridePolicy:
             if state.k < 0:  # a new request starts at the batch's best choice
                 state.k, state.dwell = k_new, 0
             elif k_new != state.k and state.dwell >= self.config.min_dwell:
-                net = self._net(np.asarray(tokens), np.asarray(rows), goodput)
+                net = self._net(np.asarray(tokens), np.asarray(rows), goodput, self.row_cost)
                 old, new = float(net[choices.index(state.k)]), float(net[choices.index(k_new)])
                 if new > old + self.config.hysteresis * max(abs(old), 1e-9):
                     if k_new > state.k:  # what the last probe was looking for
@@ -323,13 +329,16 @@ class StridePolicy:
         tables = [_table(r, self.config.choices) for r in rates]
         return self._best(np.array([t for t, _ in tables]), np.array([r for _, r in tables]))
 
-    def _net(self, tokens: np.ndarray, rows: np.ndarray, goodput: float) -> np.ndarray:
+    def _net(
+        self, tokens: np.ndarray, rows: np.ndarray, goodput: float, row_cost: float | None = None
+    ) -> np.ndarray:
         """What each choice of k nets a request at the batch's goodput G (tokens and rows per
         choice, in the last axis): tokens(k) - G (b rows(k) + e [k > 0]), e being what each
-        drafting request adds to the step beyond its rows."""
+        drafting request adds to the step beyond its rows; `row_cost` in place of b."""
         per_request = np.full(len(self.config.choices), self.cost.e)
         per_request[0] = 0.0
-        return tokens - goodput * (self.cost.b * rows + per_request)
+        b = self.cost.b if row_cost is None else row_cost
+        return tokens - goodput * (b * rows + per_request)
 
     def _best(self, tokens: np.ndarray, rows: np.ndarray) -> tuple[list[int], float]:
         """`best_strides` over per-request tokens and rows per choice ([requests, choices])."""
@@ -352,6 +361,20 @@ class StridePolicy:
             if abs(new - goodput) <= 1e-9 * goodput:
                 break
             goodput = new
+        # The iteration prices rows on the line (b per row); the step cost also bends away
+        # from it at small batches (`StepCost.bend`), which only whole plans show: one stride
+        # for every request is weighed too.
+        for j in range(1, len(choices)):
+            uniform = np.full(len(tokens), j)
+            if (new := value(uniform)) > goodput:
+                picks, goodput = uniform, new
+        # What a row costs between the all-plain batch and this plan, bend included (>= 0):
+        # the price a request's switch of stride is weighed at (`choose`).
+        plain_rows, plan_rows = float(len(tokens)), float(rows[at, picks].sum())
+        self.row_cost = self.cost.b
+        if plan_rows > plain_rows:
+            extra = self.cost(plan_rows, 0) - self.cost(plain_rows, 0)
+            self.row_cost = max(extra / (plan_rows - plain_rows), 0.0)
         plain = len(tokens) / self.cost(len(tokens), 0)
         if plain >= goodput:
             return [0] * len(tokens), plain

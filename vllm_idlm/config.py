@@ -57,6 +57,7 @@ POLICY_KEYS = frozenset(
         "check_hold",
         "max_check_hold",
         "check_margin",
+        "bend",
     }
 )
 ADAPTIVE_KEYS = STEP_COST_KEYS | POLICY_KEYS
@@ -81,7 +82,7 @@ def _check_adaptive(value: Any) -> None:
             f"idlm: unknown adaptive setting(s) {sorted(unknown)}; accepted: {sorted(ADAPTIVE_KEYS)}"
         )
     for key, v in value.items():
-        if key == "self_check":  # the one switch; AdaptiveConfig checks it
+        if key in ("self_check", "bend"):  # the switches; AdaptiveConfig checks them
             continue
         if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
             raise ValueError(f"idlm: adaptive {key} must be a number >= 0, got {v!r}")

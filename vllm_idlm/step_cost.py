@@ -1,8 +1,8 @@
 """The adaptive policy's model of what a step costs, and how engine steps feed it.
 
 vLLM-free. A step of R decode rows, n of its requests carrying draft slots, costs
-a + b R (+ d + e n when n > 0, + p per prompt token of prefill chunks), measured as the
-engine starts (`vllm_idlm.engine.calibration`) and refined online from every step's time; b
+a + b R (+ d + e n when n > 0, + p per prompt token of prefill chunks; + the bend of small
+batches away from the line, `StepCost.bend`), measured as the engine starts (`vllm_idlm.engine.calibration`) and refined online from every step's time; b
 is held near its measurement at start unless the steps' rows vary enough to say otherwise
 (`anchor_b`), d and e never fall below what was measured at start (`floor_d`, `floor_e`).
 """
@@ -38,6 +38,9 @@ class StepCost:
     forget: float = 0.98
     pinned: bool = False
     refit_every: int = 8  # steps between least-squares solves (statistics every step)
+    # Where plain steps measured at start leave the line a + b R: (R, seconds over the line)
+    # at each measured R, interpolated between them, none beyond them (`bend`).
+    shape: list[tuple[int, float]] = field(default_factory=list)
     # Weighted sufficient statistics of (x = [1, R, spec, prompt tokens, n], t).
     _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 5 for _ in range(5)])
     _xt: list[float] = field(default_factory=lambda: [0.0] * 5)
@@ -46,11 +49,28 @@ class StepCost:
     def __call__(self, rows: float, drafting: int) -> float:
         """The cost of a step of `rows` decode rows of which `drafting` requests draft."""
         spec = self.d + self.e * drafting if drafting else 0.0
-        return self.a + self.b * rows + spec
+        return self.a + self.b * rows + self.bend(rows) + spec
+
+    def bend(self, rows: float) -> float:
+        """What a step of `rows` decode rows costs over the line a + b R, as measured at start.
+        Small batches on a CPU do not follow the line: SmolLM2's plain step took 49-57 ms at 1
+        and 2 rows and 39-40 ms at 4 and 6 (its matmuls take another path under 4 rows), so a
+        line through 1-512 rows priced one or two requests' extra rows at ~3 ms each where
+        they cost nothing, and kept them from drafting where drafting paid 1.28x. On a GPU the
+        first few dozen rows are flat against a line fitted up to 512, the same way round.
+        Interpolated between the measured row counts; none outside them."""
+        shape = self.shape
+        if not shape or rows < shape[0][0] or rows > shape[-1][0]:
+            return 0.0
+        for (r0, s0), (r1, s1) in zip(shape, shape[1:], strict=False):
+            if rows <= r1:
+                return s0 + (s1 - s0) * (rows - r0) / (r1 - r0)
+        return shape[-1][1]
 
     def observe(self, rows: int, drafting: int, seconds: float, prompt_tokens: int = 0) -> None:
         if self.pinned:
             return
+        seconds -= self.bend(rows)  # the online fit refines the line; the bend stays as measured
         x = (1.0, float(rows), 1.0 if drafting else 0.0, float(prompt_tokens), float(drafting))
         for i in range(5):
             self._xt[i] = self.forget * self._xt[i] + x[i] * seconds

@@ -296,3 +296,26 @@ def test_the_self_check_counts_no_prefill_step_and_is_off_by_default_or_with_a_p
 def test_self_check_knobs_are_checked(knobs):
     with pytest.raises(ValueError, match="adaptive: "):
         AdaptiveConfig(strides=(1,), **knobs)
+
+
+def test_a_small_batch_drafts_where_its_extra_rows_cost_nothing_on_the_measured_curve():
+    """The real model at concurrency 2 (RESULTS.md): fixed K = 1 ran 1.28x plain decoding,
+    its 6-row steps as cheap as 2-row plain ones, while a line through 1-512 rows priced
+    each extra row at 2.9 ms and the policy decoded plainly (0.85x of K = 1). With the bend
+    measured at start, both requests draft, including one already decoding plainly (its
+    switch is weighed at the bent price of a row)."""
+    shape = [(1, 0.0135), (2, 0.019), (4, -0.0037), (6, -0.0077), (8, -0.0013), (12, 0.0)]
+    config = AdaptiveConfig(
+        strides=(1,), prior=0.45, min_dwell=0, probe_every=1 << 30, max_probe_every=1 << 30
+    )
+    line = StridePolicy(config, StepCost(a=0.035, b=0.0029, d=0.006, e=0.001, pinned=True))
+    assert line.choose(["a", "b"]) == [0, 0]
+    bent = StepCost(a=0.035, b=0.0029, d=0.006, e=0.001, pinned=True, shape=shape)
+    line.cost, line._decision = bent, None  # as calibration at engine start would
+    assert line.choose(["a", "b"]) == [1, 1]  # both were decoding plainly and switch
+    assert StridePolicy(config, bent).choose(["c", "d"]) == [1, 1]
+    assert line.row_cost == 0.0  # 2 -> 6 rows cost less on the curve: no price per row
+    # At low acceptance the iteration, pricing rows on the line, settles on plain decoding;
+    # the plan of one stride for both is weighed on the curve too.
+    low = AdaptiveConfig(strides=(1, 2, 3), prior=0.3, probe_every=1 << 30, max_probe_every=1 << 30)
+    assert StridePolicy(low, bent).choose(["e", "f"]) == [1, 1]

@@ -43,6 +43,10 @@ from vllm_idlm.config import IsdOptions
             "self_check is true or false",
         ),
         (
+            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"bend": "no"}},
+            "bend is true or false",
+        ),
+        (
             {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"check_hold": 0}},
             "check_hold >= 1",
         ),

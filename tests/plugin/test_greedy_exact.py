@@ -74,6 +74,8 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
             assert (cost["a"], cost["b"]) != (PRIOR_COST.a, PRIOR_COST.b), "never calibrated"
             assert cost["d"] >= cost["d_floor"] >= 0.0, cost  # the fit kept d above its floor
             assert cost["e"] >= cost["e_floor"] >= 0.0, cost  # and e above its own
+            bend_rows = [rows for rows, _ in state["step_cost_bend"]]  # small batches measured
+            assert bend_rows[:4] == [1, 2, 3, 4], state["step_cost_bend"]
             assert sum(state["strides_chosen"].values()) > 0
     mismatches = [
         i for i, (a, b) in enumerate(zip(plain_outputs, isd_outputs, strict=True)) if a != b

@@ -163,3 +163,19 @@ def test_a_step_is_timed_to_the_next_steps_start_unless_the_engine_idled():
     observe_step(cost, None, now=40.0)  # the first step
     assert [(r, s, p) for r, s, _, p in seen] == [(7, True, 0), (1, False, 32)]
     assert seen[0][2] == pytest.approx(0.011) and seen[1][2] == pytest.approx(0.006)
+
+
+def test_the_bend_measured_at_start_prices_small_batches_and_stays_out_of_the_online_fit():
+    """SmolLM2 on this CPU (`benchmarks/step_rows.py`): 1 and 2 rows cost more than 4 and 6.
+    The bend is what each measured row count leaves over the line, interpolated between
+    them and none outside; steps that follow the bent curve leave a and b where they are."""
+    shape = [(1, 0.0135), (2, 0.019), (4, -0.0037), (6, -0.0077), (8, 0.0)]
+    cost = StepCost(a=0.035, b=0.0029, shape=shape)
+    assert cost(2, 0) == pytest.approx(0.035 + 2 * 0.0029 + 0.019)
+    assert cost(3, 0) == pytest.approx(0.035 + 3 * 0.0029 + (0.019 - 0.0037) / 2)
+    assert cost(6, 0) < cost(2, 0)  # the measured curve, not the line
+    assert cost(64, 0) == pytest.approx(0.035 + 64 * 0.0029)  # beyond the measured rows: the line
+    for i in range(400):
+        rows = 1 + i % 8
+        cost.observe(rows, 0, 0.035 + 0.0029 * rows + cost.bend(rows))
+    assert cost.a == pytest.approx(0.035, rel=1e-3) and cost.b == pytest.approx(0.0029, rel=1e-3)

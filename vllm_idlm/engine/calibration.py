@@ -4,7 +4,9 @@ Two measurements on dummy steps, off the request path:
 
 - c(R) = a + b R: dummy forwards of R query rows, each with the logits and the argmax a
   plain step computes for every row, fitted by least squares over R = 1 .. 512. The online
-  fit starts from a and keeps b near this measurement (a ridge, `StepCost.anchor_b`).
+  fit starts from a and keeps b near this measurement (a ridge, `StepCost.anchor_b`). What
+  each measured R leaves over the line is kept as it is (`StepCost.bend`): small batches
+  bend away from any line.
 - floors for d, the speculative path's fixed cost, and e, its cost per drafting request:
   steps of one request and of `MANY_REQUESTS` at the smallest stride k (1 + 2k rows each:
   the last token, k drafts, k MASK slots) against plain steps of as many rows, d + e and
@@ -109,23 +111,29 @@ def speculative_floors(runner, k: int, mask_token_id: int, many: int) -> tuple[f
 MANY_REQUESTS = 8
 
 
-def calibrate(runner, policy, sizes=(1, 8, 32, 128, 512), repeats: int = 3) -> float:
-    """Measure a, b and the floors of d and e for `policy`'s cost model; returns the seconds it took."""
+def calibrate(
+    runner, policy, sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 128, 512), repeats: int = 5
+) -> float:
+    """Measure a, b and the floors of d and e for `policy`'s cost model; returns the seconds
+    it took. Each row count is timed once per round, the least of `repeats` rounds kept: a
+    burst of load on the machine then reaches one timing of every size, not every timing of
+    one (neighbouring sizes are compared in the bend)."""
     limit = runner.scheduler_config.max_num_batched_tokens
     began = time.perf_counter()
-    points = []
-    for rows in sorted({min(s, limit) for s in sizes}):
-        best = float("inf")
-        for _ in range(repeats):
+    best = dict.fromkeys(sorted({min(s, limit) for s in sizes}), float("inf"))
+    for _ in range(repeats):
+        for rows in best:
             start = time.perf_counter()
             _plain_rows(runner, rows)
-            best = min(best, time.perf_counter() - start)
-        points.append((rows, best))
+            best[rows] = min(best[rows], time.perf_counter() - start)
+    points = list(best.items())
     cost = policy.cost
     fit = _least_squares(points)
     if fit is not None and fit[0] > 0 and fit[1] > 0:
         cost.a = fit[0]
         cost.anchor_b(fit[1], fit[2])
+        if policy.config.bend:
+            cost.shape = [(r, t - (cost.a + cost.b * r)) for r, t in points]
     k = min(policy.config.strides)
     if 1 + 2 * k <= limit:
         many = min(MANY_REQUESTS, limit // (1 + 2 * k), runner.scheduler_config.max_num_seqs)

@@ -212,6 +212,8 @@ def idlm_state(worker) -> dict | None:
             "e": cost.e,
             "e_floor": cost.e_min,
         }
+        # Where steps measured at start left the line, rows -> seconds (`StepCost.bend`).
+        out["step_cost_bend"] = [list(point) for point in cost.shape]
         out["calibration_s"] = getattr(runner, "_idlm_calibration_s", None)
         out["engine_acceptance"] = list(policy.engine_conditional)
         out["observed_positions"] = list(policy.observed)
