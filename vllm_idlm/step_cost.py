@@ -2,9 +2,10 @@
 
 vLLM-free. A step of R decode rows, n of its requests carrying draft slots, costs
 a + b R (+ d + e n when n > 0, + p per prompt token of prefill chunks; + the bend of small
-batches away from the line, `StepCost.bend`), measured as the engine starts (`vllm_idlm.engine.calibration`) and refined online from every step's time; b
-is held near its measurement at start unless the steps' rows vary enough to say otherwise
-(`anchor_b`), d and e never fall below what was measured at start (`floor_d`, `floor_e`).
+batches away from the line, `StepCost.bend`), measured as the engine starts
+(`vllm_idlm.engine.calibration`) and refined online from every step's time; b is held near
+its measurement at start unless the steps' rows vary enough to say otherwise (`anchor_b`),
+d and e never fall below what was measured at start (`floor_d`, `floor_e`).
 """
 
 from __future__ import annotations
