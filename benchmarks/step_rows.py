@@ -64,6 +64,8 @@ def main() -> None:
 
     from vllm import LLM
 
+    from vllm_idlm.engine.calibration import _least_squares
+
     spec = {"method": "idlm", "num_speculative_tokens": args.k, "adaptive": False}
     if args.lora:
         spec["draft_lora"] = str(args.lora.expanduser())
@@ -75,10 +77,7 @@ def main() -> None:
     (result,) = llm.collective_rpc(_measure, args=(args.rows, args.c, args.k, args.repeats))
     plain, speculative = result
     rows = sorted(plain)
-    mean_r = sum(rows) / len(rows)
-    mean_t = sum(plain.values()) / len(rows)
-    b = sum((r - mean_r) * (plain[r] - mean_t) for r in rows) / sum((r - mean_r) ** 2 for r in rows)
-    a = mean_t - b * mean_r
+    a, b, _ = _least_squares([(r, plain[r]) for r in rows])
     print(
         f"\nplain steps: the line fitted over them, a = {a * 1e3:.2f} ms, b = {b * 1e3:.3f} ms per row"
     )

@@ -302,7 +302,7 @@ def test_a_small_batch_drafts_where_its_extra_rows_cost_nothing_on_the_measured_
     """The real model at concurrency 2 (RESULTS.md): fixed K = 1 ran 1.28x plain decoding,
     its 6-row steps as cheap as 2-row plain ones, while a line through 1-512 rows priced
     each extra row at 2.9 ms and the policy decoded plainly (0.85x of K = 1). With the bend
-    measured at start, both requests draft, including one already decoding plainly (its
+    measured at start, both requests draft, including two already decoding plainly (their
     switch is weighed at the bent price of a row)."""
     shape = [(1, 0.0135), (2, 0.019), (4, -0.0037), (6, -0.0077), (8, -0.0013), (12, 0.0)]
     config = AdaptiveConfig(
