@@ -8,12 +8,13 @@ it stays warm with probability r_k, so per forward (ADAPTIVE.md):
     tokens(k) = (2 + S_k - r_k) / (2 - r_k)
     rows(k)   = (2k + 1 + (1 - r_k)(k + 1)) / (2 - r_k)
 
-and k = 0 is plain decoding: one row, one token. A step costs c(R, n) = a + b R (+ d + e n
-when n > 0 requests carry draft slots: vLLM's speculative path is not free, and each
-drafting request adds its own work), R the decode rows of the batch (prompt tokens of
-prefill chunks are fitted as a term of their own). The policy maximises
-G = sum_i tokens_i(k_i) / c(sum_i rows_i(k_i), n) with Dinkelbach's iteration: given G,
-each request independently takes the k maximising tokens_i(k) - G (b rows_i(k) + e [k > 0]);
+and k = 0 is plain decoding: one row, one token. A step costs c(R, n, M) = a + b R (+ d + e n
++ m M when n > 0 requests carry draft slots: vLLM's speculative path is not free, each
+drafting request adds its own work, and each of the M MASK slots its own, k per request at
+stride k), R the decode rows of the batch (prompt tokens of prefill chunks are fitted as a
+term of their own). The policy maximises G = sum_i tokens_i(k_i) / c(sum_i rows_i(k_i), n,
+sum_i k_i) with Dinkelbach's iteration: given G, each request independently takes the k
+maximising tokens_i(k) - G (b rows_i(k) + [k > 0] e + m k);
 G is recomputed until it stops moving. The all-plain batch (no speculative path, no d) is
 the alternative it must beat.
 
@@ -244,7 +245,8 @@ class StridePolicy:
         states = [self._state(r) for r in req_ids]
         if self.config.relax:
             self._relax(states)
-        key = (tuple(req_ids), self.cost.a, self.cost.b, self.cost.d, self.cost.e)
+        cost = self.cost
+        key = (tuple(req_ids), cost.a, cost.b, cost.d, cost.e, cost.m)
         if self._decision is None or self._decision[0] != key:
             for s in states:
                 if s.table is None:
@@ -333,9 +335,10 @@ class StridePolicy:
         self, tokens: np.ndarray, rows: np.ndarray, goodput: float, row_cost: float | None = None
     ) -> np.ndarray:
         """What each choice of k nets a request at the batch's goodput G (tokens and rows per
-        choice, in the last axis): tokens(k) - G (b rows(k) + e [k > 0]), e being what each
-        drafting request adds to the step beyond its rows; `row_cost` in place of b."""
-        per_request = np.full(len(self.config.choices), self.cost.e)
+        choice, in the last axis): tokens(k) - G (b rows(k) + [k > 0] e + m k), e being what
+        each drafting request adds to the step beyond its rows and m what each of its k MASK
+        slots adds; `row_cost` in place of b."""
+        per_request = self.cost.e + self.cost.m * np.asarray(self.config.choices, dtype=float)
         per_request[0] = 0.0
         b = self.cost.b if row_cost is None else row_cost
         return tokens - goodput * (b * rows + per_request)
@@ -346,11 +349,12 @@ class StridePolicy:
         if not len(tokens):
             return [], 0.0
         at = np.arange(len(tokens))
+        strides = np.asarray(choices)
 
         def value(picks: np.ndarray) -> float:
             drafting = int(np.count_nonzero(picks))
             return float(tokens[at, picks].sum()) / self.cost(
-                float(rows[at, picks].sum()), drafting
+                float(rows[at, picks].sum()), drafting, float(strides[picks].sum())
             )
 
         picks = np.full(len(tokens), len(choices) - 1)

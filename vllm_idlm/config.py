@@ -41,7 +41,9 @@ _ISD_KEYS = frozenset(
 
 
 # The object form of "adaptive": the pinned step cost (milliseconds) and the policy's knobs.
-STEP_COST_KEYS = frozenset({"step_ms", "row_ms", "draft_path_ms", "draft_request_ms"})
+STEP_COST_KEYS = frozenset(
+    {"step_ms", "row_ms", "draft_path_ms", "draft_request_ms", "mask_slot_ms"}
+)
 POLICY_KEYS = frozenset(
     {
         "ema",
@@ -115,8 +117,8 @@ class IsdOptions:
         the batch (`vllm_idlm.adaptive`); on by default (None resolves to True, or to False
         with uniform_query_len, whose fixed query length it cannot keep); False keeps K
         fixed. An object turns it on with settings (`ADAPTIVE_KEYS`): `step_ms` and
-        `row_ms` (and optionally `draft_path_ms`, `draft_request_ms`) pin the step cost
-        model (a, b, d and e of `vllm_idlm.step_cost.StepCost`): the engine
+        `row_ms` (and optionally `draft_path_ms`, `draft_request_ms`, `mask_slot_ms`) pin
+        the step cost model (a, b, d, e and m of `vllm_idlm.step_cost.StepCost`): the engine
         neither measures nor refits it, so the strides follow acceptance alone, not this
         machine's step timings (what tests and reproducible runs need); `ema`, `prior`,
         `engine_ema`, `relax`, `hysteresis`, `min_dwell`, `probe_every`, `max_probe_every`

@@ -1,11 +1,12 @@
 """The adaptive policy's model of what a step costs, and how engine steps feed it.
 
 vLLM-free. A step of R decode rows, n of its requests carrying draft slots, costs
-a + b R (+ d + e n when n > 0, + p per prompt token of prefill chunks; + the bend of small
-batches away from the line, `StepCost.bend`), measured as the engine starts
+a + b R (+ d + e n when n > 0, + m per MASK slot, + p per prompt token of prefill chunks; +
+the bend of small batches away from the line, `StepCost.bend`), measured as the engine starts
 (`vllm_idlm.engine.calibration`) and refined online from every step's time; b is held near
 its measurement at start unless the steps' rows vary enough to say otherwise (`anchor_b`),
-d and e never fall below what was measured at start (`floor_d`, `floor_e`).
+d and e never fall below what was measured at start (`floor_d`, `floor_e`); m is kept as
+measured at start.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class StepCost:
-    """c(R, n) = a + b R + [n > 0] d + e n for a step of R decode rows (query rows that
-    sample) of which n requests carry draft slots, refined online by exponentially weighted
+    """c(R, n, M) = a + b R + [n > 0] d + e n + m M for a step of R decode rows (query rows
+    that sample) of which n requests carry draft slots, M of the rows MASK slots, refined online by exponentially weighted
     least squares (pinned: kept as given, neither measured nor refitted). e is what each
     drafting request adds beyond its rows: the ISD sampler's verify-and-draft work and the
     engine's bookkeeping per speculative request (0-0.3 ms fitted on the demo models at
@@ -32,6 +33,10 @@ class StepCost:
     d: float = 0.0
     p: float = 0.0
     e: float = 0.0
+    # What a MASK slot costs over a plain row (the gated adapter opens on it in lossless
+    # mode), measured at start over the trained strides and held: the online steps' MASK
+    # slots move with their rows and cannot tell the two apart.
+    m: float = 0.0
     d_min: float = 0.0  # the floor of d (`floor_d`)
     e_min: float = 0.0  # the floor of e (`floor_e`)
     b_anchor: float = 0.0  # the per-row cost measured at start (`anchor_b`)
@@ -47,9 +52,10 @@ class StepCost:
     _xt: list[float] = field(default_factory=lambda: [0.0] * 5)
     _seen: int = 0
 
-    def __call__(self, rows: float, drafting: int) -> float:
-        """The cost of a step of `rows` decode rows of which `drafting` requests draft."""
-        spec = self.d + self.e * drafting if drafting else 0.0
+    def __call__(self, rows: float, drafting: int, masks: float = 0.0) -> float:
+        """The cost of a step of `rows` decode rows of which `drafting` requests draft and
+        `masks` are MASK slots."""
+        spec = self.d + self.e * drafting + self.m * masks if drafting else 0.0
         return self.a + self.b * rows + self.bend(rows) + spec
 
     def bend(self, rows: float) -> float:
@@ -68,10 +74,13 @@ class StepCost:
                 return s0 + (s1 - s0) * (rows - r0) / (r1 - r0)
         return shape[-1][1]
 
-    def observe(self, rows: int, drafting: int, seconds: float, prompt_tokens: int = 0) -> None:
+    def observe(
+        self, rows: int, drafting: int, seconds: float, prompt_tokens: int = 0, masks: int = 0
+    ) -> None:
         if self.pinned:
             return
-        seconds -= self.bend(rows)  # the online fit refines the line; the bend stays as measured
+        # The online fit refines the line; the bend and the MASK slots' cost stay as measured.
+        seconds -= self.bend(rows) + self.m * masks
         x = (1.0, float(rows), 1.0 if drafting else 0.0, float(prompt_tokens), float(drafting))
         for i in range(5):
             self._xt[i] = self.forget * self._xt[i] + x[i] * seconds
@@ -169,6 +178,7 @@ class StepRecord:
     rows: int  # decode rows: one per request plus its draft slots
     drafting: int  # requests that carried draft slots
     prompt_tokens: int = 0  # rows of prefill chunks
+    masks: int = 0  # MASK slots among the rows
     sampled: float | None = None  # when its sampling ended
     plan: tuple | None = None  # the policy's `planned` for this step (for its self-check)
     tokens: int | None = None  # tokens it emitted
@@ -180,8 +190,35 @@ def observe_step(cost: StepCost, step: StepRecord | None, now: float) -> float |
     if step is None or step.sampled is None:
         return None
     end = now if now - step.sampled <= IDLE_GAP_S else step.sampled
-    cost.observe(step.rows, step.drafting, end - step.start, step.prompt_tokens)
+    cost.observe(step.rows, step.drafting, end - step.start, step.prompt_tokens, step.masks)
     return end - step.start
+
+
+def least_squares(points: list[tuple[int, float]]) -> tuple[float, float, float] | None:
+    """(a, b) of t = a + b R, and the points' spread of rows sum (R - mean R)^2."""
+    n = len(points)
+    mean_r = sum(r for r, _ in points) / n
+    mean_t = sum(t for _, t in points) / n
+    var_r = sum((r - mean_r) ** 2 for r, _ in points)
+    if var_r <= 0:
+        return None
+    b = sum((r - mean_r) * (t - mean_t) for r, t in points) / var_r
+    return mean_t - b * mean_r, b, var_r
+
+
+def solve_floors(
+    one: dict[int, float], many: int = 1, at_many: float = 0.0
+) -> tuple[float, float, float]:
+    """(d, e, m), each >= 0, from the floors of one request at each stride (k -> seconds,
+    d + e + m k) and of `many` requests at the smallest stride (d + e many + m k many)."""
+    fit = least_squares(list(one.items()))
+    m = max(fit[1], 0.0) if fit is not None else 0.0
+    k = min(one)
+    fixed = max(one[k] - m * k, 0.0)  # d + e
+    if many < 2:
+        return fixed, 0.0, m
+    per_request = max((at_many - m * k * many - fixed) / (many - 1), 0.0)
+    return max(fixed - per_request, 0.0), per_request, m
 
 
 def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:

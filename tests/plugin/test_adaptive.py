@@ -180,6 +180,7 @@ def test_the_adaptive_object_pins_the_cost_and_sets_the_knobs():
             "row_ms": 0.1,
             "draft_path_ms": 1,
             "draft_request_ms": 0.5,
+            "mask_slot_ms": 2,
             "probe_every": 8,
         },
     }
@@ -187,7 +188,9 @@ def test_the_adaptive_object_pins_the_cost_and_sets_the_knobs():
     assert options.adaptive_on
     p = make_policy(options)
     assert p.cost.pinned
-    assert (p.cost.a, p.cost.b, p.cost.d, p.cost.e) == pytest.approx((0.02, 1e-4, 1e-3, 5e-4))
+    assert (p.cost.a, p.cost.b, p.cost.d, p.cost.e, p.cost.m) == pytest.approx(
+        (0.02, 1e-4, 1e-3, 5e-4, 2e-3)
+    )
     assert p.config.probe_every == 8 and p.config.choices == (0, 1, 3)
     free = make_policy(IsdOptions(num_drafts=2, adaptive=True, strides=(1, 2)))
     assert not free.cost.pinned
@@ -319,3 +322,21 @@ def test_a_small_batch_drafts_where_its_extra_rows_cost_nothing_on_the_measured_
     # the plan of one stride for both is weighed on the curve too.
     low = AdaptiveConfig(strides=(1, 2, 3), prior=0.3, probe_every=1 << 30, max_probe_every=1 << 30)
     assert StridePolicy(low, bent).choose(["e", "f"]) == [1, 1]
+
+
+def test_a_lone_request_pays_for_its_mask_slots_where_the_adapter_costs_per_slot():
+    """SmolLM2 in lossless mode, one request (`benchmarks/step_rows.py`): on the plain steps'
+    curve 7 rows cost less than 3, so stride 3 looked nearly free, but the gated adapter
+    opens on every MASK slot and a stride-3 step measured 56-77 ms against 49-51 ms at
+    stride 1. With what a MASK slot costs measured at start (m), the request takes a shorter
+    stride; with m = 0 it takes the longest."""
+    shape = [(1, 0.0157), (2, 0.0221), (3, 0.0055), (4, -0.0014), (6, -0.0093), (8, -0.0007)]
+    config = AdaptiveConfig(
+        strides=(1, 2, 3), prior=0.6, min_dwell=0, probe_every=1 << 30, max_probe_every=1 << 30
+    )
+
+    def cost(m: float) -> StepCost:
+        return StepCost(a=0.032, b=0.00284, d=0.0063, m=m, pinned=True, shape=shape)
+
+    assert StridePolicy(config, cost(0.0)).choose(["a"]) == [3]
+    assert StridePolicy(config, cost(0.005)).choose(["a"]) == [2]

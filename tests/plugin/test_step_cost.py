@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_idlm.step_cost import StepCost
+from vllm_idlm.step_cost import StepCost, solve_floors
 
 
 def test_step_cost_recovers_a_linear_model_from_observed_steps():
@@ -151,17 +151,17 @@ def test_a_step_is_timed_to_the_next_steps_start_unless_the_engine_idled():
 
     seen = []
 
-    def observe(rows, spec, seconds, prompt):
-        seen.append((rows, spec, seconds, prompt))
+    def observe(rows, spec, seconds, prompt, masks):
+        seen.append((rows, spec, seconds, prompt, masks))
 
     cost = SimpleNamespace(observe=observe)
-    busy = StepRecord(10.0, 7, True, 0, sampled=10.008)
+    busy = StepRecord(10.0, 7, True, 0, masks=3, sampled=10.008)
     observe_step(cost, busy, now=10.011)  # sampled after 8 ms, next 3 ms later
     idled = StepRecord(20.0, 1, False, 32, sampled=20.006)
     observe_step(cost, idled, now=20.006 + 2 * IDLE_GAP_S)  # the engine idled
     observe_step(cost, StepRecord(30.0, 1, False), now=30.01)  # never sampled: nothing learnt
     observe_step(cost, None, now=40.0)  # the first step
-    assert [(r, s, p) for r, s, _, p in seen] == [(7, True, 0), (1, False, 32)]
+    assert [(r, s, p, m) for r, s, _, p, m in seen] == [(7, True, 0, 3), (1, False, 32, 0)]
     assert seen[0][2] == pytest.approx(0.011) and seen[1][2] == pytest.approx(0.006)
 
 
@@ -179,3 +179,31 @@ def test_the_bend_measured_at_start_prices_small_batches_and_stays_out_of_the_on
         rows = 1 + i % 8
         cost.observe(rows, 0, 0.035 + 0.0029 * rows + cost.bend(rows))
     assert cost.a == pytest.approx(0.035, rel=1e-3) and cost.b == pytest.approx(0.0029, rel=1e-3)
+
+
+def test_mask_slots_are_priced_as_measured_at_start_and_stay_out_of_the_online_fit():
+    """In lossless mode the gated adapter opens on every MASK slot, so a drafting step costs
+    m per MASK slot beyond its rows. m is held as measured at start: the online fit takes it
+    out of each step's time, and a, b and d stay where they are."""
+    cost = StepCost(a=0.035, b=0.0029, d=0.002, m=0.004)
+    assert cost(7, 1, 3) == pytest.approx(0.035 + 7 * 0.0029 + 0.002 + 3 * 0.004)
+    assert cost(7, 0) == pytest.approx(0.035 + 7 * 0.0029)
+    for i in range(400):
+        k = i % 4
+        rows, drafting = 1 + 2 * k, int(k > 0)
+        cost.observe(rows, drafting, 0.035 + 0.0029 * rows + 0.002 * drafting + 0.004 * k, masks=k)
+    assert (cost.a, cost.b, cost.d) == pytest.approx((0.035, 0.0029, 0.002), rel=1e-3)
+    assert cost.m == 0.004
+
+
+def test_the_floors_measured_at_start_split_into_the_path_the_request_and_the_mask_slot():
+    """Calibration times one request at each trained stride (d + e + m k) and many at the
+    smallest (d + e n + m k n); the three solve back, and none is ever negative."""
+    d, e, m = 0.002, 0.0003, 0.004
+    one = {k: d + e + m * k for k in (1, 2, 3)}
+    assert solve_floors(one, 8, d + 8 * e + 8 * m) == pytest.approx((d, e, m))
+    assert solve_floors({2: 0.01}) == pytest.approx((0.01, 0.0, 0.0))  # one stride: no slope
+    # MASK slots no dearer than plain rows (no adapter): m is 0, not negative.
+    assert solve_floors({k: 0.003 - 0.0001 * k for k in (1, 2, 3)}) == pytest.approx(
+        (0.0029, 0.0, 0.0)
+    )

@@ -7,15 +7,16 @@ Two measurements on dummy steps, off the request path:
   fit starts from a and keeps b near this measurement (a ridge, `StepCost.anchor_b`). What
   each measured R leaves over the line is kept as it is (`StepCost.bend`): small batches
   bend away from any line.
-- floors for d, the speculative path's fixed cost, and e, its cost per drafting request:
-  steps of one request and of `MANY_REQUESTS` at the smallest stride k (1 + 2k rows each:
-  the last token, k drafts, k MASK slots) against plain steps of as many rows, d + e and
-  d + e n. The difference is what a dummy step can show of the speculative path: the gated
-  adapter's pass over the MASK rows (lossless mode) and the ISD sampler's verify-and-draft
-  pass against an argmax. Online timing of real steps can only raise d and e above them.
-  Without the floor, d is fitted from the few steps that draft, and at concurrency 1 every
-  such step is also a step with more rows: d and b are nearly collinear there, and a fit
-  that put d at 0 priced drafting below what it costs.
+- floors for d, the speculative path's fixed cost, and e, its cost per drafting request,
+  and m, what each MASK slot adds: steps of one request at each trained stride k and of
+  `MANY_REQUESTS` at the smallest (1 + 2k rows each: the last token, k drafts, k MASK
+  slots) against plain steps of as many rows, d + e + m k and d + e n + m k n. The
+  difference is what a dummy step can show of the speculative path: the gated adapter's
+  pass over the MASK rows (lossless mode) and the ISD sampler's verify-and-draft pass
+  against an argmax. Online timing of real steps can only raise d and e above them; m is
+  held as measured. Without the floor, d is fitted from the few steps that draft, and at
+  concurrency 1 every such step is also a step with more rows: d and b are nearly
+  collinear there, and a fit that put d at 0 priced drafting below what it costs.
 """
 
 from __future__ import annotations
@@ -26,21 +27,10 @@ import time
 import torch
 
 from vllm_idlm.engine.proposer import IsdProposer
+from vllm_idlm.step_cost import least_squares, solve_floors
 from vllm_idlm.verifier import verify_and_draft
 
 logger = logging.getLogger("vllm_idlm")
-
-
-def _least_squares(points: list[tuple[int, float]]) -> tuple[float, float, float] | None:
-    """(a, b) of t = a + b R, and the points' spread of rows sum (R - mean R)^2."""
-    n = len(points)
-    mean_r = sum(r for r, _ in points) / n
-    mean_t = sum(t for _, t in points) / n
-    var_r = sum((r - mean_r) ** 2 for r, _ in points)
-    if var_r <= 0:
-        return None
-    b = sum((r - mean_r) * (t - mean_t) for r, t in points) / var_r
-    return mean_t - b * mean_r, b, var_r
 
 
 def _plain_rows(runner, rows: int) -> None:
@@ -97,14 +87,17 @@ def speculative_floor(
     return max(speculative - plain, 0.0)
 
 
-def speculative_floors(runner, k: int, mask_token_id: int, many: int) -> tuple[float, float]:
-    """Floors of d and e: the speculative path's cost over plain steps for one request and
-    for `many`, d + e and d + e many, solved for d and e (each >= 0)."""
-    one = speculative_floor(runner, k, mask_token_id)
+def speculative_floors(
+    runner, strides: list[int], mask_token_id: int, many: int
+) -> tuple[float, float, float]:
+    """Floors of d and e, and m: the speculative path's cost over plain steps of as many rows
+    for one request at each stride k, d + e + m k (m, what a MASK slot adds, is the slope over
+    k: the gated adapter's pass grows with its rows), and for `many` requests at the smallest
+    stride, d + e many + m k many; solved for d, e and m (each >= 0)."""
+    one = {k: speculative_floor(runner, k, mask_token_id) for k in strides}
     if many < 2:
-        return one, 0.0
-    per_request = max((speculative_floor(runner, k, mask_token_id, many) - one) / (many - 1), 0.0)
-    return max(one - per_request, 0.0), per_request
+        return solve_floors(one)
+    return solve_floors(one, many, speculative_floor(runner, strides[0], mask_token_id, many))
 
 
 # The batch on which the per-request cost of drafting is measured (against one request).
@@ -128,26 +121,30 @@ def calibrate(
             best[rows] = min(best[rows], time.perf_counter() - start)
     points = list(best.items())
     cost = policy.cost
-    fit = _least_squares(points)
+    fit = least_squares(points)
     if fit is not None and fit[0] > 0 and fit[1] > 0:
         cost.a = fit[0]
         cost.anchor_b(fit[1], fit[2])
         if policy.config.bend:
             cost.shape = [(r, t - (cost.a + cost.b * r)) for r, t in points]
-    k = min(policy.config.strides)
-    if 1 + 2 * k <= limit:
+    strides = sorted(k for k in set(policy.config.strides) if 1 + 2 * k <= limit)
+    if strides:
+        k = strides[0]
         many = min(MANY_REQUESTS, limit // (1 + 2 * k), runner.scheduler_config.max_num_seqs)
-        d, e = speculative_floors(runner, k, runner.drafter.options.mask_token_id, many)
+        mask_id = runner.drafter.options.mask_token_id
+        d, e, cost.m = speculative_floors(runner, strides, mask_id, many)
         cost.floor_d(d)
         cost.floor_e(e)
     seconds = time.perf_counter() - began
     logger.info(
         "idlm: step cost %.2f ms + %.4f ms per query row, + %.2f ms + %.3f ms per drafting "
-        "request (at least) when requests draft (measured on %s rows in %.1f s)",
+        "request (at least) + %.3f ms per MASK slot when requests draft (measured on %s rows "
+        "in %.1f s)",
         cost.a * 1e3,
         cost.b * 1e3,
         cost.d * 1e3,
         cost.e * 1e3,
+        cost.m * 1e3,
         [r for r, _ in points],
         seconds,
     )

@@ -33,6 +33,7 @@ def make_policy(options: IsdOptions) -> StridePolicy:
             b=settings["row_ms"] / 1e3,
             d=settings.get("draft_path_ms", 0.0) / 1e3,
             e=settings.get("draft_request_ms", 0.0) / 1e3,
+            m=settings.get("mask_slot_ms", 0.0) / 1e3,
             pinned=True,
         )
     else:

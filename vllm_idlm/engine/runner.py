@@ -151,7 +151,11 @@ def _install_step_timing() -> None:
                 if calibrate_once(self):  # its warm-up was skipped: before the first step
                     now = time.perf_counter()
                 plan = policy.planned
-                self._idlm_step = StepRecord(now, rows, drafting, total - rows, plan=plan)
+                mask_id = self.drafter.options.mask_token_id
+                masks = sum(s.count(mask_id) for s in slots.values()) if policy.cost.m else 0
+                self._idlm_step = StepRecord(
+                    now, rows, drafting, total - rows, masks=masks, plan=plan
+                )
         return original_execute(self, scheduler_output, *args, **kwargs)
 
     @functools.wraps(original_sample)
@@ -211,6 +215,7 @@ def idlm_state(worker) -> dict | None:
             "d_floor": cost.d_min,
             "e": cost.e,
             "e_floor": cost.e_min,
+            "m": cost.m,
         }
         # Where steps measured at start left the line, rows -> seconds (`StepCost.bend`).
         out["step_cost_bend"] = [list(point) for point in cost.shape]
