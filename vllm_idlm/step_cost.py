@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 @dataclass
 class StepCost:
     """c(R, n, M) = a + b R + [n > 0] d + e n + m M for a step of R decode rows (query rows
-    that sample) of which n requests carry draft slots, M of the rows MASK slots, refined online by exponentially weighted
-    least squares (pinned: kept as given, neither measured nor refitted). e is what each
-    drafting request adds beyond its rows: the ISD sampler's verify-and-draft work and the
-    engine's bookkeeping per speculative request (0-0.3 ms fitted on the demo models at
-    concurrency 8, RESULTS.md); it is solved only where the number of drafting requests
-    varies from one speculative step to another. Steps that also carry prompt tokens
+    that sample) of which n requests carry draft slots, M of the rows MASK slots, refined
+    online by exponentially weighted least squares (pinned: kept as given, neither measured
+    nor refitted). e is what each drafting request adds beyond its rows: the ISD sampler's
+    verify-and-draft work and the engine's bookkeeping per speculative request (0-0.3 ms
+    fitted on the demo models at concurrency 8, RESULTS.md); it is solved only where the
+    number of drafting requests varies from one speculative step to another. Steps that also carry prompt tokens
     (prefill chunks) are fitted with a term of their own, p per prompt token: prompt rows
     cost a forward but no sampling and no per-request work, and in a busy engine most steps
     carry some; counting them as rows would price the policy's rows at the prompt rows'
