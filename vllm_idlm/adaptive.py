@@ -29,7 +29,10 @@ its verdicts decide anew, and every `probe_every` steps it drafts one position m
 chose (plain requests all on the same step). A probe that changes nothing (no request raises
 its k before the next one) doubles the interval, up to `max_probe_every`: a batch where
 drafting does not pay stops paying for probes that keep saying so; a probe after which a
-request raises its k brings the interval back to `probe_every`.
+request raises its k brings the interval back to `probe_every`. The step cost is probed the
+other way too: a batch that drafts on every step shows the cost fit no plain step, and every
+`plain_probe_every` steps (backing off the same way) it decodes one step plainly, unless
+drafting wins however the steps' time splits between a and d (`_plain_probe_due`).
 
 The model may misprice what the engine spends around a step, and its strides then lose to
 plain decoding: with `self_check` they are checked against plain decoding as measured
@@ -61,6 +64,9 @@ class AdaptiveConfig:
     min_dwell: int = 4
     probe_every: int = 16
     max_probe_every: int = 256
+    # Steps between plain probes (`StridePolicy._plain_probe_due`), doubling up to
+    # max_probe_every while the batch keeps drafting.
+    plain_probe_every: int = 32
     # The check against plain decoding (`SelfCheck`; opt-in: on this 2-core machine its
     # windows measured too noisily to gain, see RESULTS.md): measured steps per window, the
     # first steps held after a verdict (doubling while verdicts agree, up to max_check_hold),
@@ -89,6 +95,7 @@ class AdaptiveConfig:
             )
         counts = (
             self.min_dwell,
+            self.plain_probe_every,
             self.probe_every,
             self.max_probe_every,
             self.check_window,
@@ -97,13 +104,14 @@ class AdaptiveConfig:
         )
         if any(isinstance(n, bool) or int(n) != n for n in counts):
             raise ValueError(
-                "adaptive: min_dwell, probe_every, max_probe_every, check_window, check_hold "
-                f"and max_check_hold are step counts, got {self}"
+                "adaptive: min_dwell, plain_probe_every, probe_every, max_probe_every, "
+                f"check_window, check_hold and max_check_hold are step counts, got {self}"
             )
         if self.min_dwell < 0 or min(counts[1:]) < 1:
             raise ValueError(
-                "adaptive: min_dwell >= 0, probe_every >= 1, max_probe_every >= 1, "
-                f"check_window >= 1, check_hold >= 1 and max_check_hold >= 1, got {self}"
+                "adaptive: min_dwell >= 0, plain_probe_every >= 1, probe_every >= 1, "
+                "max_probe_every >= 1, check_window >= 1, check_hold >= 1 and "
+                f"max_check_hold >= 1, got {self}"
             )
         if not isinstance(self.self_check, bool) or not 0 <= self.check_margin < 1:
             raise ValueError(
@@ -195,7 +203,11 @@ class StridePolicy:
         self.chosen: dict[int, int] = {}  # k -> how many request-steps were given it
         # Probing counted apart: engine steps with a probe, request-steps probed, and the
         # raises of k the estimates then made.
-        self.probed = {"steps": 0, "request_steps": 0, "raises": 0}
+        self.probed = {"steps": 0, "request_steps": 0, "raises": 0, "plain_steps": 0}
+        # Plain probes (`_plain_probe_due`): the last step planned plain or probed plain,
+        # and the interval to the next probe (0: `plain_probe_every`).
+        self._plain_since = 0
+        self._plain_interval = 0
         self.step = 0  # engine steps chosen for
         self.plain_probes = _ProbeSchedule(0)
         self._plain_probe: tuple[int, bool] = (0, False)  # (step, probing) memo
@@ -260,6 +272,7 @@ class StridePolicy:
         self.step += 1
         band = SelfCheck.band(len(req_ids)) if self.check is not None else 0
         plain = self.check is not None and self.check.arm(band) == PLAIN
+        probe_plain = not plain and self._plain_probe_due(tables, best, goodput)
         chosen, probed = [], 0
         for state, (tokens, rows), k_new in zip(states, tables, best, strict=True):
             state.steps += 1
@@ -276,8 +289,9 @@ class StridePolicy:
                             schedule.raised = True
                         self.probed["raises"] += 1
                     state.k, state.dwell = k_new, 0
-            k = 0 if plain else state.k  # the model's k, unless the check holds plain
-            if k < max_drafts and self._probes(state, k):
+            # The model's k, unless the check holds plain or the batch probes plain.
+            k = 0 if plain or probe_plain else state.k
+            if not probe_plain and k < max_drafts and self._probes(state, k):
                 k = next(c for c in choices if c > k)  # probe one position more
                 probed += 1
             chosen.append(k)
@@ -310,6 +324,35 @@ class StridePolicy:
             return
         if step.prompt_tokens == 0:
             self.check.observe(*step.plan, step.tokens, seconds)
+
+    def _plain_probe_due(self, tables, best: Sequence[int], goodput: float) -> bool:
+        """Whether the batch decodes plainly this step although its plan drafts: a plain
+        probe. While every step drafts, the step-cost fit sees no plain step and cannot tell
+        the speculative path's fixed cost d from what every step costs, a: whatever real
+        steps cost beyond the dummy steps timed at start lands on a, a plain step is priced
+        as dear as a speculative one, and the plan keeps drafting where it loses (the demo
+        models at concurrency 4: d fitted at its floor, 0.6 ms, while every step drafted,
+        1.7 ms once plain steps came in). So every `plain_probe_every` steps (the interval
+        doubling up to `max_probe_every` while the plan keeps drafting, back to the base
+        once it plans plain) the batch decodes one step plainly, unless the plan beats plain
+        decoding even if all that a has grown since start belonged to the speculative path.
+        Never with a pinned cost, nor before the cost was measured at start."""
+        cost = self.cost
+        if cost.pinned or not cost.a_start or not any(best):
+            self._plain_since, self._plain_interval = self.step, 0
+            return False
+        interval = self._plain_interval or self.config.plain_probe_every
+        if self.step - self._plain_since < interval:
+            return False
+        self._plain_since = self.step
+        self._plain_interval = min(2 * interval, self.config.probe_cap)
+        n = len(best)
+        excess = max(cost.a - cost.a_start, 0.0)
+        plain_at_least = n / max(cost(n, 0) - excess, 1e-12)
+        if goodput > plain_at_least:  # drafting wins whichever way a splits
+            return False
+        self.probed["plain_steps"] += 1
+        return True
 
     def _probes(self, state: _RequestState, k: int) -> bool:
         """Whether a request looks one position further this step. A drafting request probes

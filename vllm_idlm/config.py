@@ -54,6 +54,7 @@ POLICY_KEYS = frozenset(
         "min_dwell",
         "probe_every",
         "max_probe_every",
+        "plain_probe_every",
         "self_check",
         "check_window",
         "check_hold",
@@ -121,8 +122,8 @@ class IsdOptions:
         the step cost model (a, b, d, e and m of `vllm_idlm.step_cost.StepCost`): the engine
         neither measures nor refits it, so the strides follow acceptance alone, not this
         machine's step timings (what tests and reproducible runs need); `ema`, `prior`,
-        `engine_ema`, `relax`, `hysteresis`, `min_dwell`, `probe_every`, `max_probe_every`
-        (and the self-check's `check_*`) tune the policy (`vllm_idlm.adaptive`).
+        `engine_ema`, `relax`, `hysteresis`, `min_dwell`, `probe_every`, `max_probe_every`,
+        `plain_probe_every` (and the self-check's `check_*`) tune the policy (`vllm_idlm.adaptive`).
     strides: the K values the checkpoint was trained for (resolved at startup).
     mask_token_id: resolved from the checkpoint (or the adapter) at startup.
     passthrough: vLLM speculative-config keys forwarded unchanged.

@@ -37,6 +37,7 @@ class StepCost:
     # mode), measured at start over the trained strides and held: the online steps' MASK
     # slots move with their rows and cannot tell the two apart.
     m: float = 0.0
+    a_start: float = 0.0  # a as measured at start (0: not measured), for plain probes
     d_min: float = 0.0  # the floor of d (`floor_d`)
     e_min: float = 0.0  # the floor of e (`floor_e`)
     b_anchor: float = 0.0  # the per-row cost measured at start (`anchor_b`)

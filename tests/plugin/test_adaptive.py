@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from vllm_idlm.adaptive import (
@@ -96,7 +98,7 @@ def test_plain_requests_probe_on_the_same_step():
             assert all(k == 1 for k in ks)  # everyone probes then, one position
     assert drafting_steps == [3, 7, 11, 15]
     # Counted apart (idlm_state reports them): 4 steps, each probing every request it had.
-    assert q.probed == {"steps": 4, "request_steps": 4 + 8 + 12 + 16, "raises": 0}
+    assert q.probed == {"steps": 4, "request_steps": 4 + 8 + 12 + 16, "raises": 0, "plain_steps": 0}
 
 
 def test_probes_that_change_nothing_back_off_and_one_that_raises_k_resets_them():
@@ -340,3 +342,77 @@ def test_a_lone_request_pays_for_its_mask_slots_where_the_adapter_costs_per_slot
 
     assert StridePolicy(config, cost(0.0)).choose(["a"]) == [3]
     assert StridePolicy(config, cost(0.005)).choose(["a"]) == [2]
+
+
+def _engine(policy: StridePolicy, truth, acceptance: float, steps: int = 600) -> None:
+    """`policy` driving an engine of four requests whose steps cost `truth(rows, drafting)`
+    seconds (2% noise), every draft accepted with probability `acceptance`: drafts verified
+    on a step are the ones the step before appended MASK slots for, and a rejection leaves
+    the next step cold."""
+    rnd = random.Random(0)
+    ids = ["r0", "r1", "r2", "r3"]
+    pending = dict.fromkeys(ids, 0)  # drafts each request carries into the step
+    ks = policy.choose(ids)
+    for _ in range(steps):
+        pending = {r: min(pending[r], k) for r, k in zip(ids, ks, strict=True)}
+        rows = sum(1 + pending[r] + k for r, k in zip(ids, ks, strict=True))
+        drafting = sum(1 for r, k in zip(ids, ks, strict=True) if k or pending[r])
+        seconds = truth(rows, drafting) * (1 + 0.02 * rnd.gauss(0, 1))
+        policy.cost.observe(rows, drafting, seconds, masks=sum(ks))
+        for r, k in zip(ids, ks, strict=True):
+            accepted = 0
+            while accepted < pending[r] and rnd.random() < acceptance:
+                accepted += 1
+            policy.observe(r, pending[r], accepted)
+            pending[r] = k if accepted == pending[r] else 0
+        ks = policy.choose(ids)
+
+
+def _measured_at_start(a: float, b: float, d: float) -> StepCost:
+    """A step cost as calibration leaves it: a, b (anchored) and d's floor timed on dummy
+    steps, refined online from there."""
+    cost = StepCost(a=a, b=b)
+    cost.a_start = a
+    cost.anchor_b(b, 1e5)
+    cost.floor_d(d)
+    return cost
+
+
+def test_plain_probes_find_what_the_speculative_path_costs_where_every_step_drafts():
+    """The demo models at concurrency 4 (RESULTS.md): dummy steps at start put the
+    speculative path at 0.4 ms and every step at 2 ms, real steps cost 4 ms plus 2 ms when
+    they draft. While every step drafts, the fit cannot tell d from a: a absorbs the
+    difference, plain steps look as dear as speculative ones, and the batch drafts on at
+    acceptance 0.5 where plain decoding is 30% faster. A plain step now and then shows the
+    fit what plain steps cost: d is found, and the batch decodes plainly."""
+
+    def truth(rows: int, drafting: int) -> float:
+        return 0.004 + 0.00005 * rows + (0.002 + 0.0002 * drafting if drafting else 0.0)
+
+    def run(plain_probe_every: int) -> StridePolicy:
+        config = AdaptiveConfig(strides=(1, 2, 3), plain_probe_every=plain_probe_every)
+        policy = StridePolicy(config, _measured_at_start(0.002, 0.00005, 0.0004))
+        _engine(policy, truth, acceptance=0.5)
+        return policy
+
+    probing, blind = run(32), run(1 << 30)
+    assert blind.probed["plain_steps"] == 0 and blind.chosen.get(0, 0) == 0
+    assert blind.cost.d == pytest.approx(0.0004)  # held at its floor; a took the rest
+    assert probing.probed["plain_steps"] >= 1
+    assert probing.cost.d == pytest.approx(0.002, rel=0.25)
+    assert probing.chosen[0] > 0.5 * sum(probing.chosen.values())
+
+
+def test_no_plain_probe_where_drafting_wins_however_the_steps_cost_splits():
+    """Real steps cost what the dummy steps at start did (a has not grown): plain decoding
+    cannot be dearer than priced, and at acceptance 0.9 drafting beats it; the batch is
+    never held plain to find out."""
+
+    def truth(rows: int, drafting: int) -> float:
+        return 0.002 + 0.00005 * rows + (0.0004 if drafting else 0.0)
+
+    config = AdaptiveConfig(strides=(1, 2, 3), plain_probe_every=4, prior=0.9)
+    policy = StridePolicy(config, _measured_at_start(0.002, 0.00005, 0.0004))
+    _engine(policy, truth, acceptance=0.9, steps=300)
+    assert policy.probed["plain_steps"] == 0
+    assert policy.chosen.get(0, 0) == 0  # every request-step drafted

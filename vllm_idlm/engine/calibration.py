@@ -123,7 +123,7 @@ def calibrate(
     cost = policy.cost
     fit = least_squares(points)
     if fit is not None and fit[0] > 0 and fit[1] > 0:
-        cost.a = fit[0]
+        cost.a = cost.a_start = fit[0]
         cost.anchor_b(fit[1], fit[2])
         if policy.config.bend:
             cost.shape = [(r, t - (cost.a + cost.b * r)) for r, t in points]

@@ -152,7 +152,7 @@ def _install_step_timing() -> None:
                     now = time.perf_counter()
                 plan = policy.planned
                 mask_id = self.drafter.options.mask_token_id
-                masks = sum(s.count(mask_id) for s in slots.values()) if policy.cost.m else 0
+                masks = sum(s.count(mask_id) for s in slots.values())
                 self._idlm_step = StepRecord(
                     now, rows, drafting, total - rows, masks=masks, plan=plan
                 )
