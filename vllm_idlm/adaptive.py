@@ -220,6 +220,9 @@ class StridePolicy:
         # as: (band, arm, whether the model drafted).
         self.check = SelfCheck(config) if config.self_check and not cost.pinned else None
         self.planned: tuple[int, str, bool] | None = None
+        # Whether the strides just chosen are a plain probe: the drafts in hand are dropped
+        # too (the proposer reads this), so that the step is a plain one.
+        self.probing_plain = False
 
     def _state(self, req_id: str) -> _RequestState:
         state = self.requests.get(req_id)
@@ -252,6 +255,7 @@ class StridePolicy:
 
     def choose(self, req_ids: Sequence[str]) -> list[int]:
         """The stride of every request for its next step (in `req_ids` order)."""
+        self.probing_plain = False
         if not req_ids:
             return []
         states = [self._state(r) for r in req_ids]
@@ -273,6 +277,7 @@ class StridePolicy:
         band = SelfCheck.band(len(req_ids)) if self.check is not None else 0
         plain = self.check is not None and self.check.arm(band) == PLAIN
         probe_plain = not plain and self._plain_probe_due(tables, best, goodput)
+        self.probing_plain = probe_plain
         chosen, probed = [], 0
         for state, (tokens, rows), k_new in zip(states, tables, best, strict=True):
             state.steps += 1
@@ -336,7 +341,9 @@ class StridePolicy:
         doubling up to `max_probe_every` while the plan keeps drafting, back to the base
         once it plans plain) the batch decodes one step plainly, unless the plan beats plain
         decoding even if all that a has grown since start belonged to the speculative path.
-        Never with a pinned cost, nor before the cost was measured at start."""
+        On that step the drafts in hand are dropped as well (`probing_plain`): verifying
+        them would keep the step on the speculative path. Never with a pinned cost, nor
+        before the cost was measured at start."""
         cost = self.cost
         if cost.pinned or not cost.a_start or not any(best):
             self._plain_since, self._plain_interval = self.step, 0

@@ -346,15 +346,16 @@ def test_a_lone_request_pays_for_its_mask_slots_where_the_adapter_costs_per_slot
 
 def _engine(policy: StridePolicy, truth, acceptance: float, steps: int = 600) -> None:
     """`policy` driving an engine of four requests whose steps cost `truth(rows, drafting)`
-    seconds (2% noise), every draft accepted with probability `acceptance`: drafts verified
-    on a step are the ones the step before appended MASK slots for, and a rejection leaves
-    the next step cold."""
+    seconds (2% noise), every draft accepted with probability `acceptance`, as the proposer
+    lays steps out: a step verifies every draft the step before proposed from its MASK slots
+    (none after a rejection, none on a plain probe) and appends k MASK slots."""
     rnd = random.Random(0)
     ids = ["r0", "r1", "r2", "r3"]
     pending = dict.fromkeys(ids, 0)  # drafts each request carries into the step
     ks = policy.choose(ids)
     for _ in range(steps):
-        pending = {r: min(pending[r], k) for r, k in zip(ids, ks, strict=True)}
+        if policy.probing_plain:
+            pending = dict.fromkeys(ids, 0)
         rows = sum(1 + pending[r] + k for r, k in zip(ids, ks, strict=True))
         drafting = sum(1 for r, k in zip(ids, ks, strict=True) if k or pending[r])
         seconds = truth(rows, drafting) * (1 + 0.02 * rnd.gauss(0, 1))

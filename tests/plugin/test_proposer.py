@@ -89,6 +89,35 @@ def test_a_request_turned_plain_still_verifies_the_drafts_it_has():
     assert not p.state.draft_probs
 
 
+def test_a_plain_probe_drops_the_drafts_in_hand_so_the_step_is_plain():
+    """A batch that drafts on every step (every step warm) and whose cost grew since start
+    is held plain for one step in `plain_probe_every`: that step carries no slot at all, not
+    even the drafts the step before proposed (verifying them would keep it speculative and
+    the cost fit blind); the step after it drafts again from a cold start."""
+    options = IsdOptions(num_drafts=2, adaptive=True, mask_token_id=MASK, strides=(1, 2))
+    p = IsdProposer(SimpleNamespace(additional_config={"idlm": options.to_dict()}))
+    params = SimpleNamespace(structured_outputs=None)
+    p.bind_runner(
+        SimpleNamespace(
+            input_batch=SimpleNamespace(req_ids=["a", "b"]),
+            requests={r: SimpleNamespace(sampling_params=params) for r in "ab"},
+        )
+    )
+    policy = p.state.policy
+    policy.cost.a, policy.cost.b, policy.cost.d = 0.010, 1e-6, 0.0  # rows nearly free: K=2
+    policy.cost.a_start = 0.002  # measured at start; steps now cost 10 ms
+    policy.config = replace(policy.config, probe_every=1000, plain_probe_every=4)
+    layouts = []
+    for _ in range(14):
+        p.state.pending = {"a": [5, 6], "b": [7, 8]}  # every step fully accepted
+        layouts.append(p.propose([[1], [2]]))
+    warm = [[5, 6, MASK, MASK], [7, 8, MASK, MASK]]
+    plain = [[], []]
+    # The fourth step probes; the interval doubles while the plan keeps drafting.
+    assert layouts == [warm] * 3 + [plain] + [warm] * 7 + [plain] + [warm] * 2
+    assert policy.probed["plain_steps"] == 2
+
+
 def test_a_seeded_random_request_decodes_plainly_whatever_the_policy_chooses():
     """Under a step cost that makes the policy draft K=3 for everyone, an unseeded request
     and a seeded greedy one (greedy tokens do not depend on the strides) get K MASKs; a

@@ -89,15 +89,17 @@ class IsdProposer:
             [r for r, d in zip(req_ids, drafting) if d],  # noqa: B905
             [p for p, d in zip(params, drafting) if d],  # noqa: B905
         )
+        # A plain probe of the policy drops the drafts in hand too: the step is a plain one.
+        plain = self.state.policy is not None and self.state.policy.probing_plain
         proposals: list[list[int]] = []
         for req_id, drafts_on in zip(req_ids, drafting):  # noqa: B905
             drafts = pending.pop(req_id, None) or []
             k = next(strides) if drafts_on else 0
-            if not drafts_on:
+            if not drafts_on or plain:
                 drafts = []
-            # Every draft in hand is verified, also past the stride taken now (the step
-            # after a probe, or after the policy lowered k or stopped drafting): they cost
-            # only their rows, and their verdicts are what observes those positions.
+            # Otherwise every draft in hand is verified, also past the stride taken now (the
+            # step after a probe, or after the policy lowered k or stopped drafting): they
+            # cost only their rows, and their verdicts are what observes those positions.
             if not drafts:
                 stored.pop(req_id, None)
             if k == 0:
