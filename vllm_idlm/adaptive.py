@@ -31,8 +31,8 @@ its k before the next one) doubles the interval, up to `max_probe_every`: a batc
 drafting does not pay stops paying for probes that keep saying so; a probe after which a
 request raises its k brings the interval back to `probe_every`. The step cost is probed the
 other way too: a batch that drafts on every step shows the cost fit no plain step, and every
-`plain_probe_every` steps (backing off the same way) it decodes one step plainly, unless
-drafting wins however the steps' time splits between a and d (`_plain_probe_due`).
+`plain_probe_every` steps it decodes one step plainly, unless drafting wins however the steps'
+time splits between a and d (`_plain_probe_due`).
 
 The model may misprice what the engine spends around a step, and its strides then lose to
 plain decoding: with `self_check` they are checked against plain decoding as measured
@@ -64,8 +64,7 @@ class AdaptiveConfig:
     min_dwell: int = 4
     probe_every: int = 16
     max_probe_every: int = 256
-    # Steps between plain probes (`StridePolicy._plain_probe_due`), doubling up to
-    # max_probe_every while the batch keeps drafting.
+    # Steps between plain probes (`StridePolicy._plain_probe_due`).
     plain_probe_every: int = 32
     # The check against plain decoding (`SelfCheck`; opt-in: on this 2-core machine its
     # windows measured too noisily to gain, see RESULTS.md): measured steps per window, the
@@ -204,10 +203,8 @@ class StridePolicy:
         # Probing counted apart: engine steps with a probe, request-steps probed, and the
         # raises of k the estimates then made.
         self.probed = {"steps": 0, "request_steps": 0, "raises": 0, "plain_steps": 0}
-        # Plain probes (`_plain_probe_due`): the last step planned plain or probed plain,
-        # and the interval to the next probe (0: `plain_probe_every`).
+        # The last step planned plain or probed plain (`_plain_probe_due`).
         self._plain_since = 0
-        self._plain_interval = 0
         self.step = 0  # engine steps chosen for
         self.plain_probes = _ProbeSchedule(0)
         self._plain_probe: tuple[int, bool] = (0, False)  # (step, probing) memo
@@ -337,22 +334,21 @@ class StridePolicy:
         steps cost beyond the dummy steps timed at start lands on a, a plain step is priced
         as dear as a speculative one, and the plan keeps drafting where it loses (the demo
         models at concurrency 4: d fitted at its floor, 0.6 ms, while every step drafted,
-        1.7 ms once plain steps came in). So every `plain_probe_every` steps (the interval
-        doubling up to `max_probe_every` while the plan keeps drafting, back to the base
-        once it plans plain) the batch decodes one step plainly, unless the plan beats plain
-        decoding even if all that a has grown since start belonged to the speculative path.
+        1.7 ms once plain steps came in). So every `plain_probe_every` steps the batch
+        decodes one step plainly, unless the plan beats plain decoding even if all that a
+        has grown since start belonged to the speculative path. The interval does not back
+        off: the fit forgets (`StepCost.forget`), and a plan that drafts because d is priced
+        too low would otherwise starve the fit of the plain steps that correct it.
         On that step the drafts in hand are dropped as well (`probing_plain`): verifying
         them would keep the step on the speculative path. Never with a pinned cost, nor
         before the cost was measured at start."""
         cost = self.cost
         if cost.pinned or not cost.a_start or not any(best):
-            self._plain_since, self._plain_interval = self.step, 0
+            self._plain_since = self.step
             return False
-        interval = self._plain_interval or self.config.plain_probe_every
-        if self.step - self._plain_since < interval:
+        if self.step - self._plain_since < self.config.plain_probe_every:
             return False
         self._plain_since = self.step
-        self._plain_interval = min(2 * interval, self.config.probe_cap)
         n = len(best)
         excess = max(cost.a - cost.a_start, 0.0)
         plain_at_least = n / max(cost(n, 0) - excess, 1e-12)

@@ -113,9 +113,8 @@ def test_a_plain_probe_drops_the_drafts_in_hand_so_the_step_is_plain():
         layouts.append(p.propose([[1], [2]]))
     warm = [[5, 6, MASK, MASK], [7, 8, MASK, MASK]]
     plain = [[], []]
-    # The fourth step probes; the interval doubles while the plan keeps drafting.
-    assert layouts == [warm] * 3 + [plain] + [warm] * 7 + [plain] + [warm] * 2
-    assert policy.probed["plain_steps"] == 2
+    assert layouts == ([warm] * 3 + [plain]) * 3 + [warm] * 2  # one step in four
+    assert policy.probed["plain_steps"] == 3
 
 
 def test_a_seeded_random_request_decodes_plainly_whatever_the_policy_chooses():
