@@ -65,10 +65,10 @@ def test_stored_drafts_pair_probs_only_with_a_prefix_of_their_own_drafts():
     assert stored.matching((6,)) is None
 
 
-def test_a_request_turned_plain_still_verifies_the_drafts_it_has():
-    """Adaptive policy at k = 0 (compute-bound): a probe's drafts are verified the next step
-    with no MASK slots after them, so the policy observes them; with none, plain decoding."""
-    options = IsdOptions(num_drafts=3, adaptive=True, mask_token_id=MASK, strides=(1, 2, 3))
+def adaptive_proposer(k: int) -> IsdProposer:
+    """An adaptive proposer (strides 1..k) for two requests, a and b."""
+    strides = tuple(range(1, k + 1))
+    options = IsdOptions(num_drafts=k, adaptive=True, mask_token_id=MASK, strides=strides)
     p = IsdProposer(SimpleNamespace(additional_config={"idlm": options.to_dict()}))
     params = SimpleNamespace(structured_outputs=None)
     p.bind_runner(
@@ -77,6 +77,13 @@ def test_a_request_turned_plain_still_verifies_the_drafts_it_has():
             requests={r: SimpleNamespace(sampling_params=params) for r in "ab"},
         )
     )
+    return p
+
+
+def test_a_request_turned_plain_still_verifies_the_drafts_it_has():
+    """Adaptive policy at k = 0 (compute-bound): a probe's drafts are verified the next step
+    with no MASK slots after them, so the policy observes them; with none, plain decoding."""
+    p = adaptive_proposer(k=3)
     policy = p.state.policy
     policy.cost.a, policy.cost.b, policy.cost.d = 1e-4, 1e-3, 0.0  # rows are all that cost
     policy.config = replace(policy.config, probe_every=1000)
@@ -94,15 +101,7 @@ def test_a_plain_probe_drops_the_drafts_in_hand_so_the_step_is_plain():
     is held plain for one step in `plain_probe_every`: that step carries no slot at all, not
     even the drafts the step before proposed (verifying them would keep it speculative and
     the cost fit blind); the step after it drafts again from a cold start."""
-    options = IsdOptions(num_drafts=2, adaptive=True, mask_token_id=MASK, strides=(1, 2))
-    p = IsdProposer(SimpleNamespace(additional_config={"idlm": options.to_dict()}))
-    params = SimpleNamespace(structured_outputs=None)
-    p.bind_runner(
-        SimpleNamespace(
-            input_batch=SimpleNamespace(req_ids=["a", "b"]),
-            requests={r: SimpleNamespace(sampling_params=params) for r in "ab"},
-        )
-    )
+    p = adaptive_proposer(k=2)
     policy = p.state.policy
     policy.cost.a, policy.cost.b, policy.cost.d = 0.010, 1e-6, 0.0  # rows nearly free: K=2
     policy.cost.a_start = 0.002  # measured at start; steps now cost 10 ms
