@@ -273,7 +273,7 @@ class StridePolicy:
         self.step += 1
         band = SelfCheck.band(len(req_ids)) if self.check is not None else 0
         plain = self.check is not None and self.check.arm(band) == PLAIN
-        probe_plain = not plain and self._plain_probe_due(tables, best, goodput)
+        probe_plain = not plain and self._plain_probe_due(best, goodput)
         self.probing_plain = probe_plain
         chosen, probed = [], 0
         for state, (tokens, rows), k_new in zip(states, tables, best, strict=True):
@@ -327,7 +327,7 @@ class StridePolicy:
         if step.prompt_tokens == 0:
             self.check.observe(*step.plan, step.tokens, seconds)
 
-    def _plain_probe_due(self, tables, best: Sequence[int], goodput: float) -> bool:
+    def _plain_probe_due(self, best: Sequence[int], goodput: float) -> bool:
         """Whether the batch decodes plainly this step although its plan drafts: a plain
         probe. While every step drafts, the step-cost fit sees no plain step and cannot tell
         the speculative path's fixed cost d from what every step costs, a: whatever real
