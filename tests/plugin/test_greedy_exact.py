@@ -25,6 +25,7 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
         (4, 64, {"step_ms": 40, "row_ms": 0.1}),
         (4, 16, None),
         (3, 8, {"self_check": True, "check_window": 4, "check_hold": 8}),
+        (3, 16, {"plain_probe_every": 2}),
     ],
     ids=[
         "K1-batch64",
@@ -35,6 +36,7 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
         "adaptive-batch64",
         "default-adaptive-measured-batch16",
         "adaptive-self-check-batch8",
+        "measured-plain-probes-batch16",
     ],
 )
 def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
@@ -51,7 +53,10 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
     verify-only steps after a probe): the output must not. Its step cost is pinned so that
     the strides vary on any machine (measured here, K = 0..2 at batch 1, 0..3 at 64).
     `None` is the default config: adaptive, with the step cost this machine measures; the
-    self-check case switches between the policy's strides and plain decoding every few steps."""
+    self-check case switches between the policy's strides and plain decoding every few steps;
+    the plain-probe case, on the measured cost, holds a drafting batch plain every other step
+    where the steps' time leaves what drafting costs in doubt (here, where engine steps cost
+    more than the dummy steps timed at start), dropping the drafts in hand."""
     assert len(heldout_prompts) >= 64
     extra = None if adaptive is None else {"adaptive": adaptive}
     with llm_factory(demo_models["idlm"], num_drafts, extra, max_num_seqs=max_num_seqs) as llm:
@@ -66,6 +71,9 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
             if adaptive.get("self_check"):  # short windows: verdicts, and switches, often
                 check = state["self_check"]
                 assert check["steps"] > 0 and sum(check["verdicts"].values()) >= 2, check
+            if "plain_probe_every" in adaptive:  # steps held plain, drafts in hand dropped
+                assert state["probes"]["plain_steps"] > 0, state["probes"]
+                assert state["num_plain_steps"] > 0, state
         elif adaptive is None:  # on by default, with the cost model this machine measured
             from vllm_idlm.engine.proposer import PRIOR_COST
 
