@@ -55,6 +55,7 @@ POLICY_KEYS = frozenset(
         "probe_every",
         "max_probe_every",
         "plain_probe_every",
+        "plain_margin",
         "self_check",
         "check_window",
         "check_hold",
@@ -123,7 +124,8 @@ class IsdOptions:
         neither measures nor refits it, so the strides follow acceptance alone, not this
         machine's step timings (what tests and reproducible runs need); `ema`, `prior`,
         `engine_ema`, `relax`, `hysteresis`, `min_dwell`, `probe_every`, `max_probe_every`,
-        `plain_probe_every` (and the self-check's `check_*`) tune the policy (`vllm_idlm.adaptive`).
+        `plain_probe_every`, `plain_margin` (and the self-check's `check_*`) tune the policy
+        (`vllm_idlm.adaptive`).
     strides: the K values the checkpoint was trained for (resolved at startup).
     mask_token_id: resolved from the checkpoint (or the adapter) at startup.
     passthrough: vLLM speculative-config keys forwarded unchanged.

@@ -46,6 +46,25 @@ def test_a_cost_per_drafting_request_moves_a_middling_batch_to_plain():
     assert chosen(0.0004, 1) == [3]
 
 
+def test_drafting_must_win_by_the_margin():
+    """Eight requests at conditional acceptance 0.7 on a 4 ms step: strides of 1 are expected
+    to beat plain decoding by 2% with the speculative path at 1 ms, by 10% at 0.5 ms. The
+    default margin (5%) decodes the first plainly and drafts the second; no margin drafts both."""
+    rates = [cumulative([0.7] * 3)] * 8
+
+    def chosen(d: float, **margin) -> list[int]:
+        cost = StepCost(a=0.004, b=0.0001, d=d, pinned=True)
+        return StridePolicy(AdaptiveConfig(strides=(1, 2, 3), **margin), cost).best_strides(rates)[
+            0
+        ]
+
+    assert chosen(0.001) == [0] * 8
+    assert chosen(0.001, plain_margin=0.0) == [1] * 8
+    assert chosen(0.0005) == chosen(0.0005, plain_margin=0.0) == [1] * 8
+    with pytest.raises(ValueError, match="plain_margin"):
+        AdaptiveConfig(strides=(1,), plain_margin=1.0)
+
+
 def policy(a, b, d=0.0, prior=0.8, **kw) -> StridePolicy:
     return StridePolicy(AdaptiveConfig(strides=(1, 2, 3), prior=prior, **kw), StepCost(a, b, d))
 
