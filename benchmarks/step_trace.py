@@ -7,7 +7,10 @@ requests), records every step the policy's cost model is fed (decode rows, draft
 MASK slots, prompt tokens, seconds) and then fits c = a + b R + [n > 0] d + e n + m M by
 ordinary least squares over all decode steps of the run. Prints that fit, the median plain
 and speculative step, what calibration measured at start and what the online fit held at
-intervals and at the end: where the two disagree, the policy was pricing steps wrongly.
+intervals and at the end: where the two disagree, the policy was pricing steps wrongly. The
+other half of its model, per stride: the tokens per request-step it expected (at its
+acceptance estimates) against those the request-steps emitted, and where the run's time went
+(decode steps, steps with prompt tokens).
 `--adaptive '{"plain_probe_every": 1073741824}'` runs it without plain probes. `--lora DIR`
 runs lossless ISD on the real model, as `adaptive_check.py --lora` does (MODELS/base with the
 gated adapter DIR, held-out chat prompts).
@@ -68,11 +71,39 @@ def main() -> None:
         return seconds
 
     policies: list[StridePolicy] = []
+    # What the policy expected of each request's next step (its stride, tokens per forward at
+    # it) and, per stride, what those request-steps then emitted: [request-steps, expected
+    # tokens, emitted tokens].
+    expected: dict[str, tuple[int, float]] = {}
+    by_stride: dict[int, list[float]] = {}
 
     def chosen(self, req_ids):
         if not policies:
             policies.append(self)
-        return choose(self, req_ids)
+        strides = choose(self, req_ids)
+        for req_id, k in zip(req_ids, strides, strict=True):
+            tokens = self.requests[req_id].table[0][self.config.choices.index(k)]
+            expected[req_id] = (k, tokens)
+        return strides
+
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    sample_tokens = GPUModelRunner.sample_tokens
+
+    def sampled(self, *args, **kwargs):
+        output = sample_tokens(self, *args, **kwargs)
+        if isinstance(output, ModelRunnerOutput):
+            for req_id, tokens in zip(output.req_ids, output.sampled_token_ids, strict=False):
+                if req_id in expected and tokens:
+                    k, tokens_expected = expected.pop(req_id)
+                    row = by_stride.setdefault(k, [0, 0.0, 0.0])
+                    row[0] += 1
+                    row[1] += tokens_expected
+                    row[2] += len(tokens)
+        return output
+
+    GPUModelRunner.sample_tokens = sampled
 
     runner_module.observe_step = observe_step  # measurement only: the timed values pass on
     StridePolicy.choose = chosen
@@ -101,6 +132,13 @@ def main() -> None:
     def ms(values) -> str:
         return " ".join(f"{name}={v * 1e3:.3f}" for name, v in zip("abdem", values, strict=True))
 
+    decode_s = sum(s[4] for s in steps if s[3] == 0)
+    prefill_s = sum(s[4] for s in steps if s[3])
+    print(
+        f"steps timed: {decode_s:.2f} s in {sum(1 for s in steps if s[3] == 0)} decode steps, "
+        f"{prefill_s:.2f} s in {sum(1 for s in steps if s[3])} steps with prompt tokens, "
+        f"{run.seconds - decode_s - prefill_s:.2f} s untimed"
+    )
     fit = least_squares(steps)
     if fit is not None:
         print(f"real steps, least squares over the decode steps (ms): {ms(fit)}")
@@ -127,6 +165,14 @@ def main() -> None:
             print(f"  online fit after {i:5d} steps (ms): {ms(fits[i])}")
         print(f"online fit at the end (ms): {ms((cost.a, cost.b, cost.d, cost.e, cost.m))}")
         print(f"strides chosen (request-steps): {dict(sorted(policy.chosen.items()))}")
+        for k, (n, want, got) in sorted(by_stride.items()):
+            print(
+                f"  stride {k}: {n} request-steps, tokens per request-step expected "
+                f"{want / n:.2f}, emitted {got / n:.2f}"
+            )
+        print(
+            f"engine-wide acceptance at the end: {[round(a, 3) for a in policy.engine_conditional]}"
+        )
         print(f"probes: {policy.probed}")
     llm.llm_engine.engine_core.shutdown()
 
