@@ -25,7 +25,7 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
         (4, 64, {"step_ms": 40, "row_ms": 0.1}),
         (4, 16, None),
         (3, 8, {"self_check": True, "check_window": 4, "check_hold": 8}),
-        (3, 16, {"plain_probe_every": 2}),
+        (3, 4, {"plain_probe_every": 2, "plain_margin": 0}),
     ],
     ids=[
         "K1-batch64",
@@ -36,7 +36,7 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
         "adaptive-batch64",
         "default-adaptive-measured-batch16",
         "adaptive-self-check-batch8",
-        "measured-plain-probes-batch16",
+        "measured-plain-probes-batch4",
     ],
 )
 def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
@@ -48,6 +48,8 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
     plain_outputs,
     llm_factory,
     generate,
+    doubt_start,
+    monkeypatch,
 ):
     """With the adaptive policy on, strides change per request and per step (0..K drafts,
     verify-only steps after a probe): the output must not. Its step cost is pinned so that
@@ -55,14 +57,21 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
     `None` is the default config: adaptive, with the step cost this machine measures; the
     self-check case switches between the policy's strides and plain decoding every few steps;
     the plain-probe case, on the measured cost, holds a drafting batch plain every other step
-    where the steps' time leaves what drafting costs in doubt (here, where engine steps cost
-    more than the dummy steps timed at start), dropping the drafts in hand."""
+    where the steps' time leaves what drafting costs in doubt, dropping the drafts in hand.
+    That doubt is set (`doubt_start`): left to the machine, it arises only where engine steps
+    happen to cost more than the dummy steps timed at start (CI once measured none, and no
+    probe came). At batch 4 the plan drafts often enough to be probed (382 plain steps here)."""
     assert len(heldout_prompts) >= 64
     extra = None if adaptive is None else {"adaptive": adaptive}
+    probing = isinstance(adaptive, dict) and "plain_probe_every" in adaptive
+    if probing:  # the engine takes a function over RPC (`doubt_start`)
+        monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     with llm_factory(demo_models["idlm"], num_drafts, extra, max_num_seqs=max_num_seqs) as llm:
         if adaptive is None:  # the step cost is measured as the engine starts, not on a request
             (state,) = llm.collective_rpc("idlm_state")
             assert state["num_steps"] == 0 and state["calibration_s"] is not None, state
+        if probing:
+            doubt_start(llm)
         isd_outputs = generate(llm, heldout_prompts, GREEDY)
         if isinstance(adaptive, dict):
             (state,) = llm.collective_rpc("idlm_state")
@@ -91,14 +100,14 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
     assert not mismatches, f"{len(mismatches)}/64 prompts differ, first: {mismatches[:5]}"
 
 
-def test_slot_free_steps_take_vllms_plain_path_unless_a_request_has_a_seed(
+def test_slot_free_steps_take_vllms_plain_path_seeded_or_not(
     demo_models, heldout_prompts, plain_outputs, llm_factory, generate
 ):
-    """An engine whose pinned cost never lets a request draft: every step is slot-free. The
-    greedy ones and the unseeded random ones run vLLM's plain branch (no speculative
-    metadata, vLLM's sampler) and greedy emits plain decoding's tokens; a batch with a seeded
-    random request keeps the ISD sampler's path (its generator must draw alike whatever the
-    batch carries) and carries no slots either (under the policy it decodes plainly)."""
+    """An engine whose pinned cost never lets a request draft: every step is slot-free and
+    runs vLLM's plain branch (no speculative metadata, vLLM's sampler), greedy, random and
+    seeded random alike; greedy emits plain decoding's tokens, a seed repeats its tokens.
+    (That a seeded request draws what plain decoding draws also on ISD steps is
+    `test_a_seeded_request_draws_plain_decodings_tokens_beside_drafting_requests`.)"""
     never = {"adaptive": {"step_ms": 1e-3, "row_ms": 1e3, "probe_every": 1 << 30}}
     with llm_factory(demo_models["idlm"], 3, never, max_num_seqs=16) as llm:
         isd_outputs = generate(llm, heldout_prompts[:16], GREEDY)
@@ -116,10 +125,8 @@ def test_slot_free_steps_take_vllms_plain_path_unless_a_request_has_a_seed(
         seeded = SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True, seed=7)
         first = generate(llm, heldout_prompts[:4], seeded)
         (state,) = llm.collective_rpc("idlm_state")
-        assert state["num_plain_steps"] == plain_steps, state
-        # its steps (all of them, plain ones counted apart) took the ISD path, with no slots
-        assert state["decode_rows"]["steps"] >= rows["steps"] + 8, state
-        assert state["decode_rows"]["draft_requests"] == rows["draft_requests"], state
+        assert state["num_plain_steps"] >= plain_steps + 7, state  # seeded, plainly too
+        assert state["decode_rows"]["spec_steps"] == rows["spec_steps"], state  # no slots
         assert generate(llm, heldout_prompts[:4], seeded) == first  # and reproducible
     assert isd_outputs == plain_outputs[:16]
 
@@ -136,7 +143,7 @@ def test_a_drafting_requests_probe_gets_its_extra_position_verified(
     hold_one = {
         "adaptive": {
             "step_ms": 10,
-            "row_ms": 3,
+            "row_ms": 2,
             "prior": 0.6,
             "min_dwell": 1 << 20,
             "probe_every": 2,

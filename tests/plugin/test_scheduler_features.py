@@ -25,13 +25,17 @@ SHARED = dict(max_model_len=256, block_size=BLOCK, max_num_seqs=64)
 # Small KV cache (preemption) and a small token budget (chunked prefill).
 PRESSURE = dict(SHARED, num_gpu_blocks_override=40, max_num_batched_tokens=64, max_num_seqs=24)
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-# (checkpoint, gated adapter, adaptive): fixed K = 3, and the adaptive policy with a pinned
-# step cost under which it mixes strides 0..3 (measured, this tiny model's strides would
-# depend on how busy the machine is).
+# (checkpoint, gated adapter, adaptive): fixed K = 3; the adaptive policy with a pinned step
+# cost under which it mixes strides 0..3; and the adaptive policy on the cost it measures,
+# holding the whole batch plain every other step while it drafts (plain probes: a probed
+# step drops the drafts in hand; no margin over plain decoding, so that its plans draft
+# wherever they are expected to gain at all, and there is something to probe; the doubt
+# that calls for a probe is set, `doubt_start`, rather than left to the machine's timings).
 MODES = {
     "isd": ("idlm", None, False),
     "lossless": ("base", "lora", False),
     "adaptive": ("idlm", None, {"step_ms": 40, "row_ms": 0.02}),
+    "probing": ("idlm", None, {"plain_probe_every": 2, "plain_margin": 0}),
 }
 
 
@@ -74,22 +78,29 @@ def plain(mode, llm_factory):
 
 
 @pytest.fixture(scope="module")
-def isd(mode, llm_factory):
-    _, model, spec = mode
-    with llm_factory(model, K, spec_extra=spec, **SHARED) as llm:
-        yield llm
+def isd(mode, llm_factory, doubt_start):
+    name, model, spec = mode
+    with pytest.MonkeyPatch.context() as env:
+        if name == "probing":  # the engine takes a function over RPC (`doubt_start`)
+            env.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        with llm_factory(model, K, spec_extra=spec, **SHARED) as llm:
+            if name == "probing":  # what drafting costs in doubt on any machine
+                doubt_start(llm)
+            yield llm
 
 
 @pytest.fixture(scope="module")
-def pressured(mode, llm_factory):
+def pressured(mode, llm_factory, doubt_start):
     """In-process engine core: under a token budget and a small KV cache a request's steps
     (trimmed slots, preemptions) depend on which requests share them, and a separate engine
     process starts scheduling while requests are still arriving. In-process, every batch
     arrives whole, so a seeded run can be replayed step for step."""
-    _, model, spec = mode
+    name, model, spec = mode
     with pytest.MonkeyPatch.context() as env:
         env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         with llm_factory(model, K, spec_extra=spec, **PRESSURE) as llm:
+            if name == "probing":
+                doubt_start(llm)
             yield llm
 
 
@@ -137,6 +148,7 @@ def test_seeded_sampling_with_prefix_cache_hits_is_reproducible(isd, heldout_pro
     first, second = replay(
         isd, lambda: (generate(isd, prompts, params), generate(isd, prompts, params))
     )
+    assert all(len(out) == 24 for run in (*first, *second) for out in run)
     assert first == second
 
 
@@ -306,6 +318,7 @@ def test_preemption_and_resumption_stay_exact(plain, pressured, heldout_prompts,
     ]
     preempted_before = counter(pressured, "vllm:num_preemptions")
     runs = replay(pressured, lambda: generate(pressured, prompts[:24], seeded))
+    assert all(len(out) == 64 for run in runs for out in run)
     assert runs[0] == runs[1]
     assert counter(pressured, "vllm:num_preemptions") > preempted_before
     state = settled_state(pressured, prompts[0])
@@ -334,11 +347,16 @@ def test_async_scheduling_is_refused_with_a_clear_error(demo_models, llm_factory
 
 
 def test_the_adaptive_mode_varied_the_strides(mode, isd, heldout_prompts, generate):
-    """Last in this module: the adaptive engine went through the features above with more
-    than one stride (a fixed-K engine has no policy)."""
+    """Last in this module: the adaptive engines went through the features above with more
+    than one stride (a fixed-K engine has no policy), the probing one with steps held plain
+    while its plan drafted."""
     state = settled_state(isd, heldout_prompts[0])
     chosen = state.get("strides_chosen")
-    if mode[0] == "adaptive":
+    if mode[0] in ("adaptive", "probing"):
         assert chosen and len([k for k, n in chosen.items() if n]) >= 2, chosen
     else:
         assert not chosen, chosen
+    if mode[0] == "probing":
+        assert state["probes"]["plain_steps"] > 0, state["probes"]
+    else:
+        assert not state.get("probes", {}).get("plain_steps"), state.get("probes")
