@@ -55,6 +55,41 @@ def test_a_seeded_request_is_reproducible_whatever_else_is_batched(
     assert alone[0].outputs[0].token_ids == mixed[0].outputs[0].token_ids
 
 
+def test_a_seeded_request_draws_plain_decodings_tokens_beside_drafting_requests(
+    engines, demo_models, llm_factory, heldout_prompts, as_prompts
+):
+    """Under the policy a seeded random request never drafts, and its token is drawn as vLLM
+    draws it on a plain step: the same tokens as plain decoding with that seed, in a batch
+    whose greedy requests draft (ISD steps) and in a batch of its own (slot-free steps,
+    vLLM's plain path). Temperature, top-k / top-p and a repetition penalty (the processed
+    rows must match too). Fails where ISD's own draws serve seeded rows: vLLM's CPU sampler
+    draws one seed per row from the generator, ISD's a row of Exp(1) noise."""
+    plain, _ = engines
+    seeded = [
+        SamplingParams(
+            temperature=0.8,
+            top_k=50 if i % 2 else 0,
+            top_p=0.9 if i < 2 else 1.0,
+            repetition_penalty=1.2 if i == 3 else 1.0,
+            max_tokens=24,
+            seed=100 + i,
+            ignore_eos=True,
+        )
+        for i in range(4)
+    ]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = as_prompts(heldout_prompts[:8])
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts[:4], seeded, use_tqdm=False)]
+    drafting = {"adaptive": {"step_ms": 40, "row_ms": 0.02}}  # greedy requests draft
+    with llm_factory(demo_models["idlm"], 3, drafting) as isd:
+        mixed = isd.generate(prompts, seeded + [greedy] * 4, use_tqdm=False)
+        (state,) = isd.collective_rpc("idlm_state")
+        alone = isd.generate(prompts[:4], seeded, use_tqdm=False)
+    assert state["decode_rows"]["draft_requests"] > 0, state  # ISD steps, drafts verified
+    assert [o.outputs[0].token_ids for o in mixed[:4]] == expected
+    assert [o.outputs[0].token_ids for o in alone] == expected
+
+
 def test_structured_outputs_stay_valid(engines):
     _, isd = engines
     choice = SamplingParams(

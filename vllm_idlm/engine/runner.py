@@ -78,30 +78,26 @@ def install() -> None:
         return original_update(self, scheduler_output)
 
     GPUModelRunner._update_states = _update_states
-    _install_slot_free_greedy_steps()
+    _install_slot_free_steps()
     _install_step_timing()
 
 
-def _install_slot_free_greedy_steps() -> None:
-    """A step in which no request carries a draft slot and none samples from a seed of its
-    own takes vLLM's plain branch of `_prepare_inputs` (one logits row per request, no
-    speculative metadata), so `_sample` runs vLLM's own sampler: the same distribution of the
-    next token either way (the MASK token's logit is -inf in both), and vLLM 0.32 otherwise
-    builds speculative metadata on every step under a speculative config (index arrays,
-    host-to-device copies, a gather). Steps with a seeded random request keep the ISD path:
-    its generator must draw the same numbers whatever the rest of the batch carries, which
-    the ISD sampler guarantees."""
+def _install_slot_free_steps() -> None:
+    """A step in which no request carries a draft slot takes vLLM's plain branch of
+    `_prepare_inputs` (one logits row per request, no speculative metadata), so `_sample`
+    runs vLLM's own sampler: the same distribution of the next token either way (the MASK
+    token's logit is -inf in both), and vLLM 0.32 otherwise builds speculative metadata on
+    every step under a speculative config (index arrays, host-to-device copies, a gather).
+    A seeded random request draws the same numbers from its generator on either path: on
+    ISD steps where it has no draft to verify or make, the ISD sampler has vLLM's sampler
+    draw its token (`IsdRejectionSampler._draw_as_vllm`)."""
     original_prepare = GPUModelRunner._prepare_inputs
     if getattr(original_prepare, "_idlm_wrapped", False):
         return
 
     @functools.wraps(original_prepare)
     def _prepare_inputs(self, scheduler_output, *args, **kwargs):
-        if (
-            scheduler_output.scheduled_spec_decode_tokens
-            or self.input_batch.generators  # seeded random requests
-            or not _is_isd(self)
-        ):
+        if scheduler_output.scheduled_spec_decode_tokens or not _is_isd(self):
             return original_prepare(self, scheduler_output, *args, **kwargs)
         self.drafter.state.num_plain_steps += 1
         # `_prepare_inputs` reads the speculative config once, to pick its branch.

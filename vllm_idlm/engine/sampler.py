@@ -6,7 +6,11 @@ own top-k / top-p filter, logprobs), on every row; the acceptance / recovered / 
 and the drafting from MASK rows are ours (`vllm_idlm.verifier`), in one pass over the
 logits the forward already produced. vLLM's bonus sampler never runs: a request's random
 numbers then come from its own generator in an order fixed by its own rows, whatever else
-is in the batch.
+is in the batch. One exception: a seeded random request with no draft to verify and none
+to make (under the adaptive policy, every seeded request) gets its token from vLLM's own
+sampler (`Sampler.sample`'s temperature and top-k / top-p sampler, on its row, with its
+generator), so that it draws what plain decoding draws and a batch of such requests may take
+vLLM's plain path (`vllm_idlm.engine.runner`) without its tokens changing.
 
 Draft slots vLLM scheduled for a request: `[d_0 .. d_{n-1}, MASK x m]`, or whatever
 vLLM made of them (placeholders, trimmed tails; see `vllm_idlm.slots`), so its logits rows
@@ -93,11 +97,24 @@ class IsdRejectionSampler(RejectionSampler):
             if want_logprobs and not self.is_processed_logprobs_mode
             else None
         )
-        rows = self._target_rows(logits, metadata, sm)
+        batch = self._batch(metadata, sm) if metadata.max_spec_len else None
+        plan = (
+            plan_slots(batch.slots, self.options.mask_token_id, self.options.num_drafts)
+            if batch is not None
+            else None
+        )
+        drawn, drawn_rows = self._drawn_as_vllm_draws(plan, sm, len(metadata.num_draft_tokens))
+        rows, unfiltered = self._target_rows(logits, metadata, sm, drawn_rows)
+        # Generators of the requests vLLM's sampler draws for stay out of the ISD draws.
+        generators = {i: g for i, g in sm.generators.items() if i not in drawn}
         if metadata.max_spec_len == 0:
-            output = self._sample_without_slots(rows, sm)
+            output = self._sample_without_slots(rows, sm, generators)
         else:
-            output = self._verify_and_draft(metadata, rows, sm, width)
+            output = self._verify_and_draft(batch, plan, rows, sm, width, generators)
+        if drawn:
+            index = torch.tensor(drawn, dtype=torch.int64, device=output.device)
+            tokens = self._draw_as_vllm(unfiltered, drawn, index, sm)
+            output[index, 0] = tokens.to(output.dtype)
 
         logprobs_tensors = None
         if want_logprobs:
@@ -110,21 +127,21 @@ class IsdRejectionSampler(RejectionSampler):
             logprobs_tensors = self.sampler.gather_logprobs(logprobs, sm.max_num_logprobs, tokens)
         return SamplerOutput(sampled_token_ids=output, logprobs_tensors=logprobs_tensors)
 
-    def _sample_without_slots(self, rows: torch.Tensor, sm) -> torch.Tensor:
+    def _sample_without_slots(self, rows: torch.Tensor, sm, generators) -> torch.Tensor:
         """A step in which no request carries a draft slot (the whole batch decodes plainly):
         one row per request, no ISD state to keep. [requests, 1] int32."""
         temperature = None if sm.all_greedy else (sm.temperature >= 1e-5).to(torch.float32)
         ids = sample_without_drafts(
-            rows, temperature, sm.generators, self.options.mask_token_id, sm.all_greedy
+            rows, temperature, generators, self.options.mask_token_id, sm.all_greedy
         )
         return ids.to(torch.int32).view(-1, 1)
 
-    def _verify_and_draft(self, metadata, rows: torch.Tensor, sm, width: int) -> torch.Tensor:
+    def _verify_and_draft(
+        self, batch: _Batch, plan: SlotPlan, rows: torch.Tensor, sm, width: int, generators
+    ) -> torch.Tensor:
         """Verify every request's drafts and draft from its MASK rows; keeps the next drafts
         in the ISD state. [requests, width] int32, placeholders after the emitted tokens."""
         device = rows.device
-        batch = self._batch(metadata, sm)
-        plan = plan_slots(batch.slots, self.options.mask_token_id, self.options.num_drafts)
         plan, stored_probs = self._stored_draft_probs(plan, batch, rows.shape[-1], device)
         step = verify_and_draft(
             rows,
@@ -135,7 +152,7 @@ class IsdRejectionSampler(RejectionSampler):
             self._verifier_temperature(batch, sm, device),
             None,  # top-k / top-p: already applied by vLLM's filter above
             None,
-            sm.generators,
+            generators,
             self.options.mask_token_id,
             all_greedy=batch.all_greedy,
         )
@@ -216,9 +233,12 @@ class IsdRejectionSampler(RejectionSampler):
         offsets = torch.arange(width, device=start.device, dtype=start.dtype)
         return (start[:, None] + offsets[None, :]).flatten().clamp_(max=num_rows - 1).long()
 
-    def _target_rows(self, logits: torch.Tensor, metadata, sm) -> torch.Tensor:
+    def _target_rows(
+        self, logits: torch.Tensor, metadata, sm, keep_rows: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """fp32 logits with vLLM's logits processors, temperature and top-k / top-p applied
-        (in place where the logits already are fp32, as vLLM's own sampler does).
+        (in place where the logits already are fp32, as vLLM's own sampler does), and a copy
+        of `keep_rows` as they were before temperature and the filter (None without any).
 
         Every row is processed as a target row, the last one of each request included
         (vLLM would send that one through its bonus sampler): in vLLM's terms each request
@@ -229,9 +249,49 @@ class IsdRejectionSampler(RejectionSampler):
             every_row = SimpleNamespace(num_draft_tokens=[n + 1 for n in metadata.num_draft_tokens])
             spec = [list(s) + [0] for s in sm.spec_token_ids[: len(metadata.num_draft_tokens)]]
             rows = self.apply_logits_processors(rows, replace(sm, spec_token_ids=spec), every_row)
+        unfiltered = None
+        if keep_rows:
+            unfiltered = rows[torch.tensor(keep_rows, dtype=torch.int64, device=rows.device)]
         if not sm.all_greedy:
             rows = apply_sampling_constraints(rows, metadata.cu_num_sampled_tokens, sm)
-        return rows
+        return rows, unfiltered
+
+    @staticmethod
+    def _drawn_as_vllm_draws(
+        plan: SlotPlan | None, sm, num_reqs: int
+    ) -> tuple[list[int], list[int]]:
+        """The seeded random requests whose token vLLM's own sampler draws this step, and
+        their rows: those with no draft to verify and no MASK row whose draft is kept (under
+        the adaptive policy, every seeded request on every step). Their one emitted token
+        comes from their first row, as on a plain step; drawn as vLLM draws it, from their
+        generator, it is the token plain decoding draws, whichever path the step takes and
+        whatever else it carries. `plan` None: no request carries a slot."""
+        if not sm.generators:
+            return [], []
+        drawn, rows, row = [], [], 0
+        for i in range(num_reqs):
+            n = len(plan.drafts[i]) if plan is not None else 0
+            after = plan.num_rows_after[i] if plan is not None else 0
+            if i in sm.generators and not n and not (after and plan.keeps_next_drafts[i]):
+                drawn.append(i)
+                rows.append(row)
+            row += 1 + n + after
+        return drawn, rows
+
+    def _draw_as_vllm(
+        self, unfiltered: torch.Tensor, drawn: list[int], index: torch.Tensor, sm
+    ) -> torch.Tensor:
+        """The tokens vLLM's `Sampler.sample` draws for the requests at `index` (random, each
+        with its generator) from their processed rows: temperature, then its platform's top-k /
+        top-p sampler, which draws every row from that row's generator alone. (Its
+        argmax-invariant processors, min_p and logit_bias, are not loaded under a speculative
+        config; vLLM refuses those parameters there.)"""
+        logits = self.sampler.apply_temperature(unfiltered, sm.temperature[index], True)
+        generators = {j: sm.generators[i] for j, i in enumerate(drawn)}
+        top_k = None if sm.top_k is None else sm.top_k[index]
+        top_p = None if sm.top_p is None else sm.top_p[index]
+        tokens, _ = self.sampler.topk_topp_sampler(logits, generators, top_k, top_p)
+        return tokens
 
     @staticmethod
     def _verifier_temperature(batch: _Batch, sm, device) -> torch.Tensor:
