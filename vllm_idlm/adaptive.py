@@ -47,94 +47,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vllm_idlm.adaptive_config import AdaptiveConfig
 from vllm_idlm.self_check import MODEL, PLAIN, SelfCheck
 from vllm_idlm.step_cost import StepCost, StepRecord
-
-
-@dataclass(frozen=True)
-class AdaptiveConfig:
-    """strides: the K values a request may use (0, plain decoding, is always allowed)."""
-
-    strides: tuple[int, ...]
-    ema: float = 0.15
-    prior: float = 0.6
-    engine_ema: float = 0.01
-    relax: float = 0.05
-    hysteresis: float = 0.05
-    min_dwell: int = 4
-    probe_every: int = 16
-    max_probe_every: int = 256
-    # Steps between plain probes (`StridePolicy._plain_probe_due`).
-    plain_probe_every: int = 32
-    # How much more the batch's plan must be expected to deliver than plain decoding for it
-    # to draft at all (a fraction of plain decoding's tokens per second; `_best`).
-    plain_margin: float = 0.05
-    # The check against plain decoding (`SelfCheck`; opt-in: on this 2-core machine its
-    # windows measured too noisily to gain, see RESULTS.md): measured steps per window, the
-    # first steps held after a verdict (doubling while verdicts agree, up to max_check_hold),
-    # and the margin plain decoding must win by.
-    self_check: bool = False
-    check_window: int = 24
-    check_hold: int = 64
-    max_check_hold: int = 2048
-    check_margin: float = 0.02
-    # Price small batches on the step times measured at start where they leave the straight
-    # line in rows (`StepCost.bend`); false keeps the line.
-    bend: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.strides or min(self.strides) < 1:
-            raise ValueError(f"adaptive: strides must be K values >= 1, got {self.strides}")
-        rates = (self.ema, self.engine_ema)
-        if (
-            not all(0 < w <= 1 for w in rates)
-            or not 0 <= self.prior <= 1
-            or not 0 <= self.relax < 1
-            or not 0 <= self.plain_margin < 1
-        ):
-            raise ValueError(
-                "adaptive: ema and engine_ema in (0, 1], prior in [0, 1], relax and plain_margin "
-                f"in [0, 1), got {self}"
-            )
-        counts = (
-            self.min_dwell,
-            self.plain_probe_every,
-            self.probe_every,
-            self.max_probe_every,
-            self.check_window,
-            self.check_hold,
-            self.max_check_hold,
-        )
-        if any(isinstance(n, bool) or int(n) != n for n in counts):
-            raise ValueError(
-                "adaptive: min_dwell, plain_probe_every, probe_every, max_probe_every, "
-                f"check_window, check_hold and max_check_hold are step counts, got {self}"
-            )
-        if self.min_dwell < 0 or min(counts[1:]) < 1:
-            raise ValueError(
-                "adaptive: min_dwell >= 0, plain_probe_every >= 1, probe_every >= 1, "
-                "max_probe_every >= 1, check_window >= 1, check_hold >= 1 and "
-                f"max_check_hold >= 1, got {self}"
-            )
-        if not isinstance(self.self_check, bool) or not 0 <= self.check_margin < 1:
-            raise ValueError(
-                f"adaptive: self_check is true or false and check_margin in [0, 1), got {self}"
-            )
-        if not isinstance(self.bend, bool):
-            raise ValueError(f"adaptive: bend is true or false, got {self.bend!r}")
-
-    @property
-    def max_drafts(self) -> int:
-        return max(self.strides)
-
-    @property
-    def probe_cap(self) -> int:
-        """The longest interval between probes (never shorter than `probe_every`)."""
-        return max(self.probe_every, self.max_probe_every)
-
-    @property
-    def choices(self) -> tuple[int, ...]:
-        return (0, *sorted(set(self.strides)))
 
 
 def cumulative(conditional: Sequence[float]) -> list[float]:

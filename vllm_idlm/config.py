@@ -12,6 +12,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vllm_idlm.adaptive_config import AdaptiveConfig
+
 METHOD = "idlm"
 ADDITIONAL_CONFIG_KEY = "idlm"
 MASK_TOKEN = "<|mask|>"
@@ -97,7 +99,6 @@ def _check_adaptive(value: Any) -> None:
         )
     if cost and (value["step_ms"] <= 0 or value["row_ms"] <= 0):
         raise ValueError("idlm: adaptive step_ms and row_ms must be > 0")
-    from vllm_idlm.adaptive import AdaptiveConfig
 
     try:  # the policy's knobs, checked where the user gave them
         AdaptiveConfig(strides=(1,), **{k: value[k] for k in POLICY_KEYS & set(value)})

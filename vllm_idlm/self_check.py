@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from vllm_idlm.adaptive import AdaptiveConfig
+from vllm_idlm.adaptive_config import AdaptiveConfig
 
 MODEL, PLAIN, HOLD = "model", "plain", "hold"
 

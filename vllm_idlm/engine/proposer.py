@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_idlm.adaptive import AdaptiveConfig, StridePolicy
+from vllm_idlm.adaptive import StridePolicy
+from vllm_idlm.adaptive_config import AdaptiveConfig
 from vllm_idlm.config import ADDITIONAL_CONFIG_KEY, POLICY_KEYS, IsdOptions
 from vllm_idlm.engine.state import IsdState
 from vllm_idlm.step_cost import StepCost
