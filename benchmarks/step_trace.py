@@ -13,7 +13,8 @@ acceptance estimates) against those the request-steps emitted, and where the run
 (decode steps, steps with prompt tokens).
 `--adaptive '{"plain_probe_every": 1073741824}'` runs it without plain probes. `--lora DIR`
 runs lossless ISD on the real model, as `adaptive_check.py --lora` does (MODELS/base with the
-gated adapter DIR, held-out chat prompts).
+gated adapter DIR, held-out chat prompts). `--dump FILE` writes the steps and what was
+measured at start as JSON, so that variants of the online fit can be replayed on them.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ def main() -> None:
     ap.add_argument("--adaptive", default="true", help="true, or a JSON object of settings")
     ap.add_argument("--lora", type=Path, default=None, help="gated adapter: lossless ISD")
     ap.add_argument("--snapshots", type=int, default=12, help="fit values printed in between")
+    ap.add_argument(
+        "--dump",
+        type=Path,
+        default=None,
+        help="write the steps and the cost measured at start as JSON (to refit them offline)",
+    )
     args = ap.parse_args()
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process
@@ -174,6 +181,19 @@ def main() -> None:
             f"engine-wide acceptance at the end: {[round(a, 3) for a in policy.engine_conditional]}"
         )
         print(f"probes: {policy.probed}")
+        if args.dump:
+            start = {
+                "a": cost.a_start,
+                "b": cost.b_anchor,
+                "anchor_weight": cost.anchor_weight,
+                "d_min": cost.d_min,
+                "e_min": cost.e_min,
+                "m": cost.m,
+                "shape": cost.shape,
+            }
+            # (rows, drafting, masks, prompt tokens, seconds) per step, in order.
+            args.dump.write_text(json.dumps({"start": start, "steps": steps}))
+            print(f"steps and start cost written to {args.dump}")
     llm.llm_engine.engine_core.shutdown()
 
 
