@@ -14,7 +14,8 @@ believes (step cost, acceptance, strides chosen).
 `--lora DIR` runs lossless ISD instead: MODELS/base with the gated adapter DIR, on held-out chat
 prompts under the base's chat template (the real model: `--models ~/.cache/vllm-idlm/smollm2
 --lora ~/.cache/vllm-idlm/smollm2/smollm2_demo_lora/lora`).
-`sweep.py` is the full benchmark (one engine at a time, T = 0.7 too, CSV and plot).
+`--mixed-lengths` gives each prompt its own max_tokens (the same for every method), so that no
+method's requests finish in lockstep. `sweep.py` is the full benchmark (one engine at a time, T = 0.7 too, CSV and plot).
 """
 
 from __future__ import annotations
@@ -59,6 +60,18 @@ def spread(rates: list[float], plain: list[float]) -> tuple[float, float]:
     return min(ratios), max(ratios)
 
 
+def output_lengths(max_tokens: int, count: int, mixed: bool) -> list[int]:
+    """max_tokens of each prompt: all equal, or (mixed) spread evenly over [max_tokens / 2,
+    3 max_tokens / 2) in a fixed scrambled order, the same for every method. With equal
+    lengths and `ignore_eos`, plain decoding's c requests all finish on the same step and
+    their successors share one prefill step, where requests that draft finish apart and
+    prefill one or two per step: a lockstep no real load keeps."""
+    if not mixed:
+        return [max_tokens] * count
+    golden = (5**0.5 - 1) / 2
+    return [max(1, int(max_tokens * (0.5 + (i * golden) % 1.0))) for i in range(count)]
+
+
 def isd_rounds(llm) -> int:
     """Forwards of requests that carried draft slots so far (0 without ISD). From the
     worker's own counters: with several engines in one process vLLM's metrics registry
@@ -81,6 +94,11 @@ def main() -> None:
         help="per round (default: 16, and at least 4c; fewer than 4c is allowed with a warning)",
     )
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument(
+        "--mixed-lengths",
+        action="store_true",
+        help="each prompt its own max_tokens, spread over [max_tokens / 2, 3 max_tokens / 2)",
+    )
     ap.add_argument("--lora", type=Path, default=None, help="lossless ISD: MODELS/base + DIR")
     args = ap.parse_args()
     args.models = args.models.expanduser()
@@ -110,7 +128,10 @@ def main() -> None:
             raise SystemExit(f"adaptive_check: {len(prompts)} chat prompts, {count} needed")
     else:
         prompts = heldout(args.models, count, 32)
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        for n in output_lengths(args.max_tokens, count, args.mixed_lengths)
+    ]
     engines = {}
     for name in args.methods:
         spec = parse_method(name)
@@ -131,7 +152,7 @@ def main() -> None:
             print(f"  adaptive: step cost measured at engine start {cost}", flush=True)
             bend = ", ".join(f"{r}: {s * 1e3:+.2f}" for r, s in state["step_cost_bend"])
             print(f"  adaptive: over the line, ms at rows {{{bend}}}", flush=True)
-        timed_generate(engines[name], prompts[:2], params, concurrency=2)  # warm-up
+        timed_generate(engines[name], prompts[:2], params[:2], concurrency=2)  # warm-up
 
     names = list(engines)
     for c in args.c:
@@ -147,7 +168,8 @@ def main() -> None:
                 # that ran before go idle, or its spinning takes a core from this one.
                 time.sleep(QUIET_S)
                 before = isd_rounds(engines[name])
-                result = timed_generate(engines[name], batch, params, concurrency=c)
+                lengths = params[r * size : (r + 1) * size]
+                result = timed_generate(engines[name], batch, lengths, concurrency=c)
                 seconds[name] += result.seconds
                 tokens[name] += result.num_tokens
                 per_round_rate[name].append(result.num_tokens / result.seconds)
