@@ -15,7 +15,8 @@ believes (step cost, acceptance, strides chosen).
 prompts under the base's chat template (the real model: `--models ~/.cache/vllm-idlm/smollm2
 --lora ~/.cache/vllm-idlm/smollm2/smollm2_demo_lora/lora`).
 `--mixed-lengths` gives each prompt its own max_tokens (the same for every method), so that no
-method's requests finish in lockstep. `sweep.py` is the full benchmark (one engine at a time, T = 0.7 too, CSV and plot).
+method's requests finish in lockstep. `sweep.py` is the full benchmark (one engine at a time,
+T = 0.7 too, CSV and plot).
 """
 
 from __future__ import annotations
