@@ -3,12 +3,16 @@
     python benchmarks/step_parts.py --models ~/.cache/vllm-idlm/demo --c 16 --methods zero 1 3 adaptive
 
 For each method (`zero`: the ISD engine with a step cost under which nothing drafts; `K`: fixed
-K; `adaptive`) an in-process engine decodes held-out prompts in a closed loop of c requests
-(greedy, equal lengths). Every `LLMEngine.step` is timed with its parts (forward, input
-preparation, logits, sampling, scheduling, output processing), its rows and the tokens it
-emitted. Printed per method: the mean parts of full-batch decode steps; tokens per second of
-plain, speculative and prefill steps; for adaptive, what the policy predicted for the steps
-it planned (its plan's tokens per ms and the all-plain batch's) against what they delivered.
+K; `adaptive`, or `adaptive{...}` with settings as in adaptive_check.py) an in-process engine
+decodes held-out prompts in a closed loop of c requests (greedy, equal lengths). Every
+`LLMEngine.step` is timed with its parts (forward, input preparation, logits, sampling,
+scheduling, output processing, the policy's choice), its rows and the tokens it emitted.
+Printed per method: the mean parts of full-batch plain and speculative decode steps; tokens
+per second of plain, speculative and prefill steps; what the speculative steps cost over
+making their tokens at the plain steps' rate (a share of the decode time, measured within
+the run, where the machine's drift cancels); for adaptive, what the policy predicted for the
+steps it planned (its plan's tokens per ms and the all-plain batch's) against what they
+delivered.
 Wall-clock wrappers, not cProfile (`profile_step.py`): Python-heavy parts are not inflated.
 """
 
@@ -21,7 +25,17 @@ import statistics
 import time
 from pathlib import Path
 
-PARTS = ("execute", "forward", "prepare", "logits", "sample", "schedule", "update", "output")
+PARTS = (
+    "execute",
+    "forward",
+    "prepare",
+    "logits",
+    "sample",
+    "schedule",
+    "update",
+    "output",
+    "choose",
+)
 
 
 def main() -> None:
@@ -34,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process
-    from adaptive_check import NEVER_DRAFTS
+    from adaptive_check import NEVER_DRAFTS, parse_method
     from sweep import ENGINE, heldout
     from vllm import LLM, SamplingParams
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -112,8 +126,8 @@ def main() -> None:
     for method in args.methods:
         if method == "zero":
             adaptive, k = NEVER_DRAFTS, 3
-        elif method == "adaptive":
-            adaptive, k = True, 3
+        elif method.startswith("adaptive"):
+            adaptive, k = parse_method(method)["adaptive"], 3
         else:
             adaptive, k = False, int(method)
         spec = {"method": "idlm", "num_speculative_tokens": k, "adaptive": adaptive}
@@ -130,15 +144,18 @@ def main() -> None:
 
         full = [s for s in ran if kind(s) != "prefill" and s.get("requests") == c]
         print(f"\n{method}: {run.num_tokens / run.seconds:.1f} tok/s, c = {c}")
-        if full:
+        for label in ("plain", "speculative"):
+            group = [s for s in full if kind(s) == label]
+            if not group:
+                continue
             parts = " ".join(
-                f"{p}={statistics.mean(s.get(p, 0.0) for s in full) * 1e3:.2f}"
+                f"{p}={statistics.mean(s.get(p, 0.0) for s in group) * 1e3:.2f}"
                 for p in ("total", *PARTS)
             )
-            rows = statistics.mean(s["rows"] for s in full)
-            tokens = statistics.mean(s.get("tokens", 0) for s in full)
-            print(f"  full-batch decode steps: {len(full)}, {rows:.1f} rows, {tokens:.1f} tokens")
-            print(f"  their mean parts (ms): {parts}")
+            rows = statistics.mean(s["rows"] for s in group)
+            tokens = statistics.mean(s.get("tokens", 0) for s in group)
+            print(f"  full-batch {label} steps: {len(group)}, {rows:.1f} rows, {tokens:.1f} tokens")
+            print(f"    their mean parts (ms): {parts}")
         for label in ("plain", "speculative", "prefill"):
             group = [s for s in ran if kind(s) == label]
             if group:
@@ -148,7 +165,17 @@ def main() -> None:
                     f"  {label:11s} steps {len(group):4d}: {seconds:.2f} s, {tokens} tokens, "
                     f"{tokens / seconds:.1f} tok/s, {seconds / len(group) * 1e3:.2f} ms each"
                 )
-        planned = [s for s in full if "plan" in s] if method == "adaptive" else []
+        # Within the run (the machine's drift cancels): what the speculative steps cost over
+        # making their tokens at the plain steps' rate, as a share of the decode steps' time.
+        plain = [s for s in ran if kind(s) == "plain"]
+        spec = [s for s in ran if kind(s) == "speculative"]
+        if plain and spec:
+            rate = sum(s.get("tokens", 0) for s in plain) / sum(s["total"] for s in plain)
+            spec_s = sum(s["total"] for s in spec)
+            over = spec_s - sum(s.get("tokens", 0) for s in spec) / rate
+            decode_s = spec_s + sum(s["total"] for s in plain)
+            print(f"  speculative steps over the plain steps' rate: {100 * over / decode_s:+.1f}%")
+        planned = [s for s in full if "plan" in s] if method.startswith("adaptive") else []
         for label, drafts in (("drafting", True), ("plain", False)):
             group = [s for s in planned if s["plan_drafts"] == drafts]
             if group:
