@@ -62,7 +62,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     import vllm_idlm.engine.runner as runner_module
-    from vllm_idlm.adaptive import StridePolicy
+    from vllm_idlm.adaptive import StridePolicy, cumulative, tokens_per_forward
     from vllm_idlm.measure import timed_generate
 
     steps: list[tuple] = []
@@ -89,7 +89,7 @@ def main() -> None:
             policies.append(self)
         strides = choose(self, req_ids)
         for req_id, k in zip(req_ids, strides, strict=True):
-            tokens = self.requests[req_id].table[0][self.config.choices.index(k)]
+            tokens = tokens_per_forward(cumulative(self.requests[req_id].conditional), k)
             expected[req_id] = (k, tokens)
         return strides
 

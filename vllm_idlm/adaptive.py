@@ -81,7 +81,6 @@ class _RequestState:
     k: int
     dwell: int = 0
     steps: int = 0
-    table: tuple[list[float], list[float]] | None = None  # cached until the next observation
     probes: _ProbeSchedule | None = None  # a drafting request's own (plain ones share one)
 
 
@@ -129,7 +128,7 @@ class StridePolicy:
         self._plain_probe: tuple[int, bool] = (0, False)  # (step, probing) memo
         # The batch's best strides, kept while neither the batch, nor any of its requests'
         # estimates, nor the step cost changed (most steps of a batch decoding plainly).
-        self._decision: tuple[tuple, list[int], float] | None = None
+        self._decision: tuple[tuple, list[int], float, tuple[np.ndarray, np.ndarray]] | None = None
         self.row_cost = cost.b  # b, or the bent cost of a row at the last plan (`_best`)
         # The check against plain decoding (not with a pinned cost: strides then do not
         # depend on the machine's timings) and, with it on, what the next step was planned
@@ -158,7 +157,6 @@ class StridePolicy:
             state.conditional[j] += w * (hit - state.conditional[j])
             self.engine_conditional[j] += we * (hit - self.engine_conditional[j])
             self.observed[j] += 1
-        state.table = None
         self._decision = None
 
     def forget(self, req_ids) -> None:
@@ -180,14 +178,11 @@ class StridePolicy:
         cost = self.cost
         key = (tuple(req_ids), cost.a, cost.b, cost.d, cost.e, cost.m)
         if self._decision is None or self._decision[0] != key:
-            for s in states:
-                if s.table is None:
-                    s.table = _table(cumulative(s.conditional), self.config.choices)
-            tokens = np.array([s.table[0] for s in states]).reshape(len(states), -1)
-            rows = np.array([s.table[1] for s in states]).reshape(len(states), -1)
-            self._decision = (key, *self._best(tokens, rows))
-        _, best, goodput = self._decision
-        tables = [s.table for s in states]
+            conditional = np.array([s.conditional for s in states]).reshape(len(states), -1)
+            tokens, rows = forward_tables(np.cumprod(conditional, axis=1), self.config.choices)
+            self._decision = (key, *self._best(tokens, rows), (tokens, rows))
+        _, best, goodput, (tokens, rows) = self._decision
+        net = None  # what each choice nets each request, when a switch is weighed
         choices, max_drafts = self.config.choices, self.config.max_drafts
         self.step += 1
         band = SelfCheck.band(len(req_ids)) if self.check is not None else 0
@@ -195,14 +190,16 @@ class StridePolicy:
         probe_plain = not plain and self._plain_probe_due(best, goodput)
         self.probing_plain = probe_plain
         chosen, probed = [], 0
-        for state, (tokens, rows), k_new in zip(states, tables, best, strict=True):
+        for i, (state, k_new) in enumerate(zip(states, best, strict=True)):
             state.steps += 1
             state.dwell += 1
             if state.k < 0:  # a new request starts at the batch's best choice
                 state.k, state.dwell = k_new, 0
             elif k_new != state.k and state.dwell >= self.config.min_dwell:
-                net = self._net(np.asarray(tokens), np.asarray(rows), goodput, self.row_cost)
-                old, new = float(net[choices.index(state.k)]), float(net[choices.index(k_new)])
+                if net is None:
+                    net = self._net(tokens, rows, goodput, self.row_cost)
+                old = float(net[i, choices.index(state.k)])
+                new = float(net[i, choices.index(k_new)])
                 if new > old + self.config.hysteresis * max(abs(old), 1e-9):
                     if k_new > state.k:  # what the last probe was looking for
                         schedule = state.probes if state.k > 0 else self.plain_probes
@@ -236,7 +233,6 @@ class StridePolicy:
                 gap = engine[j] - conditional[j]
                 if abs(gap) > 0.01:
                     conditional[j] += w * gap
-                    state.table = None
                     self._decision = None
 
     def measured(self, step: StepRecord, seconds: float) -> None:
@@ -293,8 +289,10 @@ class StridePolicy:
     def best_strides(self, rates: Sequence[Sequence[float]]) -> tuple[list[int], float]:
         """Dinkelbach's iteration for the strides of most expected tokens per second of the
         batch; the all-plain batch as the alternative."""
-        tables = [_table(r, self.config.choices) for r in rates]
-        return self._best(np.array([t for t, _ in tables]), np.array([r for _, r in tables]))
+        if not len(rates):
+            return [], 0.0
+        table = np.asarray(rates, dtype=float).reshape(len(rates), -1)
+        return self._best(*forward_tables(table, self.config.choices))
 
     def _net(
         self, tokens: np.ndarray, rows: np.ndarray, goodput: float, row_cost: float | None = None
@@ -303,14 +301,18 @@ class StridePolicy:
         choice, in the last axis): tokens(k) - G (b rows(k) + [k > 0] e + m k), e being what
         each drafting request adds to the step beyond its rows and m what each of its k MASK
         slots adds; `row_cost` in place of b."""
+        b = self.cost.b if row_cost is None else row_cost
+        return tokens - goodput * (b * rows + self._per_request())
+
+    def _per_request(self) -> np.ndarray:
+        """[k > 0] e + m k for each choice of k."""
         per_request = self.cost.e + self.cost.m * np.asarray(self.config.choices, dtype=float)
         per_request[0] = 0.0
-        b = self.cost.b if row_cost is None else row_cost
-        return tokens - goodput * (b * rows + per_request)
+        return per_request
 
     def _best(self, tokens: np.ndarray, rows: np.ndarray) -> tuple[list[int], float]:
         """`best_strides` over per-request tokens and rows per choice ([requests, choices])."""
-        choices = self.config.choices
+        choices, cost = self.config.choices, self.cost
         if not len(tokens):
             return [], 0.0
         at = np.arange(len(tokens))
@@ -318,14 +320,15 @@ class StridePolicy:
 
         def value(picks: np.ndarray) -> float:
             drafting = int(np.count_nonzero(picks))
-            return float(tokens[at, picks].sum()) / self.cost(
+            return float(tokens[at, picks].sum()) / cost(
                 float(rows[at, picks].sum()), drafting, float(strides[picks].sum())
             )
 
         picks = np.full(len(tokens), len(choices) - 1)
         goodput = value(picks)
+        priced = cost.b * rows + self._per_request()  # what the net weighs at G
         for _ in range(16):
-            picks = np.argmax(self._net(tokens, rows, goodput), axis=1)
+            picks = np.argmax(tokens - goodput * priced, axis=1)
             new = value(picks)
             if abs(new - goodput) <= 1e-9 * goodput:
                 break
@@ -333,10 +336,11 @@ class StridePolicy:
         # The iteration prices rows on the line (b per row); the step cost also bends away
         # from it at small batches (`StepCost.bend`), which only whole plans show: one stride
         # for every request is weighed too.
+        n, token_sums, row_sums = len(tokens), tokens.sum(axis=0), rows.sum(axis=0)
         for j in range(1, len(choices)):
-            uniform = np.full(len(tokens), j)
-            if (new := value(uniform)) > goodput:
-                picks, goodput = uniform, new
+            uniform = float(token_sums[j]) / cost(float(row_sums[j]), n, float(choices[j] * n))
+            if uniform > goodput:
+                picks, goodput = np.full(n, j), uniform
         # What a row costs between the all-plain batch and this plan, bend included (>= 0):
         # the price a request's switch of stride is weighed at (`choose`).
         plain_rows, plan_rows = float(len(tokens)), float(rows[at, picks].sum())
@@ -354,9 +358,16 @@ class StridePolicy:
         return [choices[i] for i in picks.tolist()], goodput
 
 
-def _table(rates: Sequence[float], choices: Sequence[int]) -> tuple[list[float], list[float]]:
-    """Expected tokens and query rows per forward of one request at each choice of k."""
-    return (
-        [tokens_per_forward(rates, k) for k in choices],
-        [rows_per_forward(rates, k) for k in choices],
-    )
+def forward_tables(rates: np.ndarray, choices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """`tokens_per_forward` and `rows_per_forward` of every request (rows of `rates`, r_j per
+    position) at every choice of k, as [requests, choices] arrays: the whole batch at once."""
+    n = len(rates)
+    tokens, rows = np.ones((n, len(choices))), np.ones((n, len(choices)))
+    if n:
+        prefix = np.cumsum(rates, axis=1)  # S_k
+        for i, k in enumerate(choices):
+            if k:
+                r = rates[:, k - 1]
+                tokens[:, i] = (2.0 + prefix[:, k - 1] - r) / (2.0 - r)
+                rows[:, i] = (2 * k + 1 + (1.0 - r) * (k + 1)) / (2.0 - r)
+    return tokens, rows

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
-from vllm_idlm.adaptive import StridePolicy, cumulative, rows_per_forward, tokens_per_forward
+from vllm_idlm.adaptive import (
+    StridePolicy,
+    cumulative,
+    forward_tables,
+    rows_per_forward,
+    tokens_per_forward,
+)
 from vllm_idlm.adaptive_config import AdaptiveConfig
 from vllm_idlm.step_cost import StepCost
 
@@ -61,6 +68,21 @@ def test_drafting_must_win_by_the_margin():
 
 def policy(a, b, d=0.0, prior=0.8, **kw) -> StridePolicy:
     return StridePolicy(AdaptiveConfig(strides=(1, 2, 3), prior=prior, **kw), StepCost(a, b, d))
+
+
+def test_the_batchs_tables_at_once_are_the_per_request_formulas():
+    """`forward_tables` (what `choose` prices a whole batch with) gives, for every request and
+    every choice of k, what `tokens_per_forward` and `rows_per_forward` give one at a time."""
+    conditional = np.random.default_rng(0).uniform(0.0, 1.0, size=(37, 4))
+    conditional[0], conditional[1] = 1.0, 0.0  # the ends: always warm, every step cold
+    rates = [cumulative(row) for row in conditional.tolist()]
+    choices = (0, 1, 2, 4)
+    tokens, rows = forward_tables(np.array(rates), choices)
+    assert tokens.shape == rows.shape == (37, 4)
+    for i, r in enumerate(rates):
+        assert tokens[i].tolist() == pytest.approx([tokens_per_forward(r, k) for k in choices])
+        assert rows[i].tolist() == pytest.approx([rows_per_forward(r, k) for k in choices])
+    assert [t.shape for t in forward_tables(np.zeros((0, 4)), choices)] == [(0, 4), (0, 4)]
 
 
 def test_memory_bound_steps_draft_the_most_compute_bound_steps_decode_plainly():
