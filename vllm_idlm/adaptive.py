@@ -16,7 +16,8 @@ term of their own). The policy maximises G = sum_i tokens_i(k_i) / c(sum_i rows_
 sum_i k_i) with Dinkelbach's iteration: given G, each request independently takes the k
 maximising tokens_i(k) - G (b rows_i(k) + [k > 0] e + m k);
 G is recomputed until it stops moving. The all-plain batch (no speculative path, no d) is
-the alternative it must beat, by a margin (`plain_margin`, 5%).
+the alternative it must beat, by a margin: 15% for a batch whose last plan was plain to start
+drafting (`enter_margin`), 5% for one that drafts to go on (`plain_margin`).
 
 The acceptance estimates are per request and per position (an exponential moving average,
 weight `ema`, of the conditional acceptance a_j = r_j / r_{j-1}, started from the engine-wide
@@ -129,6 +130,7 @@ class StridePolicy:
         # The batch's best strides, kept while neither the batch, nor any of its requests'
         # estimates, nor the step cost changed (most steps of a batch decoding plainly).
         self._decision: tuple[tuple, list[int], float, tuple[np.ndarray, np.ndarray]] | None = None
+        self._plan_drafts = False  # the last plan (`_best`) drafted
         self.row_cost = cost.b  # b, or the bent cost of a row at the last plan (`_best`)
         # The check against plain decoding (not with a pinned cost: strides then do not
         # depend on the machine's timings) and, with it on, what the next step was planned
@@ -352,8 +354,13 @@ class StridePolicy:
         # does not price (a batch whose requests finish apart and prefill their successors
         # one step at a time, cold first steps, the verify path's own jitter) has turned the
         # few percent into a loss (the demo models at concurrency 8: 3% expected, 8% lost).
+        # A batch that decodes plainly needs more to start (`enter_margin`): at concurrency
+        # 16 joint probes nudged plans 5-6% over plain, the whole batch drafted, the cost fit
+        # raised d, and it went back within 15 steps, paying the switches both ways.
         plain = len(tokens) / self.cost(len(tokens), 0)
-        if plain * (1.0 + self.config.plain_margin) >= goodput:
+        margin = self.config.plain_margin if self._plan_drafts else self.config.enter_margin
+        self._plan_drafts = plain * (1.0 + margin) < goodput
+        if not self._plan_drafts:
             return [0] * len(tokens), plain
         return [choices[i] for i in picks.tolist()], goodput
 

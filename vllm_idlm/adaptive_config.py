@@ -24,9 +24,13 @@ class AdaptiveConfig:
     max_probe_every: int = 256
     # Steps between plain probes (`StridePolicy._plain_probe_due`).
     plain_probe_every: int = 32
-    # How much more the batch's plan must be expected to deliver than plain decoding for it
-    # to draft at all (a fraction of plain decoding's tokens per second; `_best`).
+    # How much more the batch's plan must be expected to deliver than plain decoding (a
+    # fraction of plain decoding's tokens per second; `_best`): `enter_margin` for a batch
+    # whose last plan was plain to start drafting, `plain_margin` for one that drafts to go
+    # on drafting. The higher bar to enter keeps a batch whose plan hovers a few percent
+    # over plain decoding from flipping (RESULTS.md, twenty-fourth session).
     plain_margin: float = 0.05
+    enter_margin: float = 0.15
     # The check against plain decoding (`SelfCheck`; opt-in: on this 2-core machine its
     # windows measured too noisily to gain, see RESULTS.md): measured steps per window, the
     # first steps held after a verdict (doubling while verdicts agree, up to max_check_hold),
@@ -49,10 +53,11 @@ class AdaptiveConfig:
             or not 0 <= self.prior <= 1
             or not 0 <= self.relax < 1
             or not 0 <= self.plain_margin < 1
+            or not 0 <= self.enter_margin < 1
         ):
             raise ValueError(
-                "adaptive: ema and engine_ema in (0, 1], prior in [0, 1], relax and plain_margin "
-                f"in [0, 1), got {self}"
+                "adaptive: ema and engine_ema in (0, 1], prior in [0, 1], relax, plain_margin and "
+                f"enter_margin in [0, 1), got {self}"
             )
         counts = (
             self.min_dwell,

@@ -32,14 +32,14 @@ def test_a_cost_per_drafting_request_moves_a_middling_batch_to_plain():
     """The demo models at concurrency 8 (RESULTS.md): priced by rows and d alone, strides of
     2 looked 6% better than plain decoding at conditional acceptance 0.6, where the measured
     runs were slower; 0.4 ms per drafting request (what the steps' fit found) makes plain
-    the choice there, keeps high acceptance drafting, and leaves one request drafting."""
+    the choice there, keeps high acceptance drafting, and leaves one request drafting. (The
+    entry margin is the stay margin here: what is weighed is e, not the margins.)"""
     rates = cumulative([0.6] * 3)
+    config = AdaptiveConfig(strides=(1, 2, 3), enter_margin=0.05)
 
     def chosen(e: float, batch: int, rates=rates) -> list[int]:
         cost = StepCost(a=0.00676, b=0.000079, d=0.00166, e=e, pinned=True)
-        return StridePolicy(AdaptiveConfig(strides=(1, 2, 3)), cost).best_strides([rates] * batch)[
-            0
-        ]
+        return StridePolicy(config, cost).best_strides([rates] * batch)[0]
 
     assert chosen(0.0, 8) == [2] * 8
     assert chosen(0.0004, 8) == [0] * 8
@@ -49,8 +49,9 @@ def test_a_cost_per_drafting_request_moves_a_middling_batch_to_plain():
 
 def test_drafting_must_win_by_the_margin():
     """Eight requests at conditional acceptance 0.7 on a 4 ms step: strides of 1 are expected
-    to beat plain decoding by 2% with the speculative path at 1 ms, by 10% at 0.5 ms. The
-    default margin (5%) decodes the first plainly and drafts the second; no margin drafts both."""
+    to beat plain decoding by 2% with the speculative path at 1 ms, by 10% at 0.5 ms, by about
+    19% at 0. A new policy's last plan is plain, so the entry margin (15%) decides: it drafts
+    the third only; with both margins 0 it drafts all three."""
     rates = [cumulative([0.7] * 3)] * 8
 
     def chosen(d: float, **margin) -> list[int]:
@@ -59,11 +60,29 @@ def test_drafting_must_win_by_the_margin():
             0
         ]
 
-    assert chosen(0.001) == [0] * 8
-    assert chosen(0.001, plain_margin=0.0) == [1] * 8
-    assert chosen(0.0005) == chosen(0.0005, plain_margin=0.0) == [1] * 8
+    none = {"plain_margin": 0.0, "enter_margin": 0.0}
+    assert chosen(0.001) == chosen(0.0005) == [0] * 8
+    assert chosen(0.0) == [1] * 8
+    assert chosen(0.001, **none) == chosen(0.0005, **none) == [1] * 8
     with pytest.raises(ValueError, match="plain_margin"):
         AdaptiveConfig(strides=(1,), plain_margin=1.0)
+
+
+def test_a_plain_batch_must_win_by_the_entry_margin_to_draft():
+    """The same eight requests: a batch whose last plan was plain does not draft for the 10%
+    its plan expects at d = 0.5 ms; at d = 0 (about 19% ahead) it drafts, and then it keeps
+    drafting at 10%, where only `plain_margin` (5%) applies; at 2% it stops, and 10% no longer
+    brings it back."""
+    rates = [cumulative([0.7] * 3)] * 8
+    cost = StepCost(a=0.004, b=0.0001, d=0.0005, pinned=True)
+    entering = StridePolicy(AdaptiveConfig(strides=(1, 2, 3)), cost)
+    plans = []
+    for d in (0.0005, 0.0, 0.0005, 0.001, 0.0005):
+        cost.d = d
+        plans.append(entering.best_strides(rates)[0])
+    assert plans == [[0] * 8, [1] * 8, [1] * 8, [0] * 8, [0] * 8]
+    with pytest.raises(ValueError, match="enter_margin"):
+        AdaptiveConfig(strides=(1,), enter_margin=-0.1)
 
 
 def policy(a, b, d=0.0, prior=0.8, **kw) -> StridePolicy:
@@ -93,10 +112,11 @@ def test_memory_bound_steps_draft_the_most_compute_bound_steps_decode_plainly():
 
 def test_the_speculative_paths_fixed_cost_must_be_earned():
     """Low acceptance at low load: drafting barely pays, and a fixed cost of the
-    speculative path (d) tips the batch to plain decoding."""
+    speculative path (d) tips the batch to plain decoding (margins 0: what is weighed is d)."""
     rates = [cumulative([0.3] * 3)] * 4
-    assert policy(a=0.01, b=0.0001, d=0.0).best_strides(rates)[0] != [0] * 4
-    assert policy(a=0.01, b=0.0001, d=0.01).best_strides(rates)[0] == [0] * 4
+    none = {"plain_margin": 0.0, "enter_margin": 0.0}
+    assert policy(a=0.01, b=0.0001, d=0.0, **none).best_strides(rates)[0] != [0] * 4
+    assert policy(a=0.01, b=0.0001, d=0.01, **none).best_strides(rates)[0] == [0] * 4
 
 
 def test_acceptance_estimates_follow_what_the_request_accepts():
@@ -331,13 +351,16 @@ def test_plain_probes_find_what_the_speculative_path_costs_where_every_step_draf
     they draft. While every step drafts, the fit cannot tell d from a: a absorbs the
     difference, plain steps look as dear as speculative ones, and the batch drafts on at
     acceptance 0.5 where plain decoding is 30% faster. A plain step now and then shows the
-    fit what plain steps cost: d is found, and the batch decodes plainly."""
+    fit what plain steps cost: d is found, and the batch decodes plainly. (The entry margin
+    is the stay margin here: the blind engine's first plans are a few percent ahead.)"""
 
     def truth(rows: int, drafting: int) -> float:
         return 0.004 + 0.00005 * rows + (0.002 + 0.0002 * drafting if drafting else 0.0)
 
     def run(plain_probe_every: int) -> StridePolicy:
-        config = AdaptiveConfig(strides=(1, 2, 3), plain_probe_every=plain_probe_every)
+        config = AdaptiveConfig(
+            strides=(1, 2, 3), plain_probe_every=plain_probe_every, enter_margin=0.05
+        )
         policy = StridePolicy(config, _measured_at_start(0.002, 0.00005, 0.0004))
         _engine(policy, truth, acceptance=0.5)
         return policy

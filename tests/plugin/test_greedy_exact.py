@@ -25,7 +25,7 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
         (4, 64, {"step_ms": 40, "row_ms": 0.1}),
         (4, 16, None),
         (3, 8, {"self_check": True, "check_window": 4, "check_hold": 8}),
-        (3, 4, {"plain_probe_every": 2, "plain_margin": 0}),
+        (3, 4, {"plain_probe_every": 2, "plain_margin": 0, "enter_margin": 0}),
     ],
     ids=[
         "K1-batch64",
@@ -148,6 +148,7 @@ def test_a_drafting_requests_probe_gets_its_extra_position_verified(
             "min_dwell": 1 << 20,
             "probe_every": 2,
             "max_probe_every": 2,
+            "enter_margin": 0,  # k = 1 is 11% ahead of plain decoding here
         }
     }
     with llm_factory(demo_models["idlm"], 2, hold_one, max_num_seqs=1) as llm:

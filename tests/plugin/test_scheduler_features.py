@@ -35,7 +35,7 @@ MODES = {
     "isd": ("idlm", None, False),
     "lossless": ("base", "lora", False),
     "adaptive": ("idlm", None, {"step_ms": 40, "row_ms": 0.02}),
-    "probing": ("idlm", None, {"plain_probe_every": 2, "plain_margin": 0}),
+    "probing": ("idlm", None, {"plain_probe_every": 2, "plain_margin": 0, "enter_margin": 0}),
 }
 
 
