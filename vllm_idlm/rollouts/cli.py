@@ -10,8 +10,7 @@ requests stream out of `LLMEngine.step` as they finish, so a run can be resumed 
 
 Prompt records carry chat `messages` (rendered with the model's chat template) or
 `prompt_ids`. Output records: {index, prompt_ids, completion_ids, greedy, temperature, seed,
-finish_reason}. `generate_rollouts(llm, ...)` is the reusable part (any `vllm.LLM`, e.g. one
-per worker of a data pipeline); training reads the JSONL and never imports vLLM.
+finish_reason}. The generation itself is `generate.py`; training reads the JSONL and never imports vLLM.
 """
 
 from __future__ import annotations
@@ -20,193 +19,17 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-MASK_TOKEN = "<|mask|>"
-# Additive logit bias that removes the MASK token (logit_bias is clamped to [-100, 100]).
-BANNED_BIAS = -100.0
-
-
-@dataclass(frozen=True)
-class RolloutSpec:
-    """How prompt `index` is answered: at `temperatures[i]` (0 = greedy) for a `shares[i]` part
-    of the indices, spread evenly (a golden-ratio sequence), so that every prefix of a
-    prompt file has the shares too; sampled requests are seeded per index."""
-
-    max_tokens: int = 256
-    temperatures: tuple[float, ...] = (0.0, 0.7)
-    shares: tuple[float, ...] = (0.5, 0.5)
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_tokens <= 0:
-            raise ValueError(f"max_tokens={self.max_tokens} must be positive")
-        if len(self.temperatures) != len(self.shares) or not self.shares:
-            raise ValueError(
-                f"temperatures {list(self.temperatures)} and shares {list(self.shares)} "
-                "need one share per temperature"
-            )
-        if any(t < 0 for t in self.temperatures):
-            raise ValueError(f"temperatures {list(self.temperatures)} must be >= 0")
-        if any(s <= 0 for s in self.shares) or abs(sum(self.shares) - 1) > 1e-6:
-            raise ValueError(f"shares {list(self.shares)} must be positive and sum to 1")
-
-    def temperature(self, index: int) -> float:
-        point = (index * 0.6180339887498949) % 1.0
-        edge = 0.0
-        for temp, share in zip(self.temperatures, self.shares, strict=True):
-            edge += share
-            if point < edge:
-                return temp
-        return self.temperatures[-1]
-
-    def request_seed(self, index: int) -> int:
-        return self.seed * 1_000_003 + index
-
-
-def sampling_fields(spec: RolloutSpec, index: int, mask_token_id: int) -> dict[str, Any]:
-    """vLLM `SamplingParams` fields of prompt `index` (plain dict: it also travels to Ray)."""
-    temp = spec.temperature(index)
-    return dict(
-        temperature=temp,
-        max_tokens=spec.max_tokens,
-        seed=spec.request_seed(index) if temp > 0 else None,
-        logit_bias={mask_token_id: BANNED_BIAS},
-        detokenize=False,  # token ids are the product; text would cost front-end CPU
-    )
-
-
-def sampling_params(spec: RolloutSpec, index: int, mask_token_id: int):
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    fields = sampling_fields(spec, index, mask_token_id)
-    return SamplingParams(**fields, output_kind=RequestOutputKind.FINAL_ONLY)
-
-
-def _record(spec: RolloutSpec, index: int, prompt_ids, completion_ids, finish_reason):
-    temp = spec.temperature(index)
-    return {
-        "index": index,
-        "prompt_ids": [int(t) for t in prompt_ids],
-        "completion_ids": [int(t) for t in completion_ids],
-        "greedy": temp == 0,
-        "temperature": temp,
-        "seed": spec.request_seed(index) if temp > 0 else None,
-        "finish_reason": finish_reason,
-    }
-
-
-def generate_rollouts(
-    llm: Any,
-    prompts: Sequence[Sequence[int]],
-    indices: Sequence[int],
-    spec: RolloutSpec,
-    mask_token_id: int,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
-    progress: Any = None,
-) -> list[dict[str, Any]]:
-    """Answer token-id `prompts` (their `indices` in the prompt file) with one engine.
-
-    All requests are queued at once; the scheduler runs up to `max_num_seqs` of them per
-    step. Each finished request becomes a record (in finishing order), passed to
-    `on_record` as soon as it is done; `progress.update(1)` is called per record.
-    """
-    if len(prompts) != len(indices):
-        raise ValueError(f"{len(prompts)} prompts but {len(indices)} indices")
-    engine = llm.llm_engine
-    for prompt, index in zip(prompts, indices, strict=True):
-        if mask_token_id in prompt:
-            raise ValueError(f"prompt {index} contains the MASK token {mask_token_id}")
-        engine.add_request(
-            str(index),
-            {"prompt_token_ids": list(prompt)},
-            sampling_params(spec, index, mask_token_id),
-        )
-    records = []
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if not out.finished:
-                continue
-            index = int(out.request_id)
-            first = out.outputs[0]
-            record = _record(
-                spec, index, out.prompt_token_ids, first.token_ids, first.finish_reason
-            )
-            _deliver(record, records, on_record, progress)
-    return records
-
-
-def _deliver(record, records: list, on_record, progress) -> None:
-    records.append(record)
-    if on_record is not None:
-        on_record(record)
-    if progress is not None:
-        progress.update(1)
-
-
-def generate_rollouts_ray(
-    model: str,
-    prompts: Sequence[Sequence[int]],
-    indices: Sequence[int],
-    spec: RolloutSpec,
-    mask_token_id: int,
-    replicas: int = 1,
-    engine_kwargs: dict[str, Any] | None = None,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
-    progress: Any = None,
-) -> list[dict[str, Any]]:
-    """`generate_rollouts` at scale: the same requests through Ray Data's vLLM processor,
-    `replicas` engines over the connected Ray cluster (`ray.init` is the caller's).
-
-    Records are the same; they stream back as Ray's blocks complete. Ray's output has no
-    finish reason, so it is derived: "length" when `max_tokens` were written, else "stop".
-    """
-    import ray
-
-    from vllm_idlm.on_ray.data import build_processor
-
-    if len(prompts) != len(indices):
-        raise ValueError(f"{len(prompts)} prompts but {len(indices)} indices")
-    rows = []
-    for prompt, index in zip(prompts, indices, strict=True):
-        if mask_token_id in prompt:
-            raise ValueError(f"prompt {index} contains the MASK token {mask_token_id}")
-        rows.append({"index": int(index), "prompt_ids": [int(t) for t in prompt]})
-
-    def pre(row: dict[str, Any]) -> dict[str, Any]:
-        index = int(row["index"])
-        ids = [int(t) for t in row["prompt_ids"]]
-        return {
-            "index": index,
-            "prompt_ids": ids,  # a column of ours: it passes through the engine stage
-            "tokenized_prompt": ids,
-            "sampling_params": sampling_fields(spec, index, mask_token_id),
-        }
-
-    def post(row: dict[str, Any]) -> dict[str, Any]:
-        completion = [int(t) for t in row["generated_tokens"]]
-        reason = "length" if len(completion) >= spec.max_tokens else "stop"
-        return _record(spec, int(row["index"]), row["prompt_ids"], completion, reason)
-
-    processor = build_processor(
-        model,
-        num_drafts=None,
-        replicas=replicas,
-        engine_kwargs=engine_kwargs,
-        preprocess=pre,
-        postprocess=post,
-    )
-    records = []
-    for row in processor(ray.data.from_items(rows)).iter_rows():
-        record = _record(
-            spec, row["index"], row["prompt_ids"], row["completion_ids"], row["finish_reason"]
-        )
-        _deliver(record, records, on_record, progress)
-    return records
+from vllm_idlm.rollouts.generate import (
+    MASK_TOKEN,
+    RolloutSpec,
+    generate_rollouts,
+    generate_rollouts_ray,
+)
 
 
 def read_prompts(path: Path, tokenizer) -> list[list[int]]:
@@ -403,7 +226,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollouts: error: {exc}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":  # vLLM starts worker processes: keep the entry point guarded
-    sys.exit(main())
