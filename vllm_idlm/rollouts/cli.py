@@ -10,7 +10,8 @@ requests stream out of `LLMEngine.step` as they finish, so a run can be resumed 
 
 Prompt records carry chat `messages` (rendered with the model's chat template) or
 `prompt_ids`. Output records: {index, prompt_ids, completion_ids, greedy, temperature, seed,
-finish_reason}. The generation itself is `generate.py`; training reads the JSONL and never imports vLLM.
+finish_reason}. The generation itself is `generate.py`; training reads the JSONL and never
+imports vLLM.
 """
 
 from __future__ import annotations
