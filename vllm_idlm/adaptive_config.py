@@ -43,6 +43,9 @@ class AdaptiveConfig:
     # Price small batches on the step times measured at start where they leave the straight
     # line in rows (`StepCost.bend`); false keeps the line.
     bend: bool = True
+    # On a step planned plain, score greedy drafts in hand against the tokens then emitted
+    # instead of verifying them (`IsdProposer._plain_step`); false verifies them.
+    score_plain: bool = True
 
     def __post_init__(self) -> None:
         if not self.strides or min(self.strides) < 1:
@@ -83,8 +86,9 @@ class AdaptiveConfig:
             raise ValueError(
                 f"adaptive: self_check is true or false and check_margin in [0, 1), got {self}"
             )
-        if not isinstance(self.bend, bool):
-            raise ValueError(f"adaptive: bend is true or false, got {self.bend!r}")
+        for name in ("bend", "score_plain"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"adaptive: {name} is true or false, got {getattr(self, name)!r}")
 
     @property
     def max_drafts(self) -> int:

@@ -65,6 +65,7 @@ POLICY_KEYS = frozenset(
         "max_check_hold",
         "check_margin",
         "bend",
+        "score_plain",
     }
 )
 ADAPTIVE_KEYS = STEP_COST_KEYS | POLICY_KEYS
@@ -89,7 +90,7 @@ def _check_adaptive(value: Any) -> None:
             f"idlm: unknown adaptive setting(s) {sorted(unknown)}; accepted: {sorted(ADAPTIVE_KEYS)}"
         )
     for key, v in value.items():
-        if key in ("self_check", "bend"):  # the switches; AdaptiveConfig checks them
+        if key in ("self_check", "bend", "score_plain"):  # the switches; AdaptiveConfig checks them
             continue
         if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
             raise ValueError(f"idlm: adaptive {key} must be a number >= 0, got {v!r}")
@@ -126,8 +127,8 @@ class IsdOptions:
         neither measures nor refits it, so the strides follow acceptance alone, not this
         machine's step timings (what tests and reproducible runs need); `ema`, `prior`,
         `engine_ema`, `relax`, `hysteresis`, `min_dwell`, `probe_every`, `max_probe_every`,
-        `plain_probe_every`, `plain_margin`, `enter_margin` (and the self-check's
-        `check_*`) tune the policy (`vllm_idlm.adaptive`).
+        `plain_probe_every`, `plain_margin`, `enter_margin`, `bend`, `score_plain` (and
+        the self-check's `check_*`) tune the policy (`vllm_idlm.adaptive`).
     strides: the K values the checkpoint was trained for (resolved at startup).
     mask_token_id: resolved from the checkpoint (or the adapter) at startup.
     passthrough: vLLM speculative-config keys forwarded unchanged.

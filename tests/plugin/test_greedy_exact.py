@@ -131,6 +131,39 @@ def test_slot_free_steps_take_vllms_plain_path_seeded_or_not(
     assert isd_outputs == plain_outputs[:16]
 
 
+@pytest.mark.parametrize("score_plain", [True, False], ids=["scored", "verified"])
+def test_joint_probes_of_a_plain_batch_are_scored_on_plain_steps(
+    score_plain, demo_models, heldout_prompts, plain_outputs, llm_factory, generate
+):
+    """A batch whose pinned cost never lets a request draft probes one position every other
+    step, all its requests on the same step. Scored (the default), the step after a probe
+    does not verify the probe's drafts: it stays on vLLM's plain path, every request emits
+    one token, and the drafts are scored against those tokens, so only the probe steps
+    carry slots while the policy still gets its verdicts. Verified (`score_plain` off), each
+    probe costs a second speculative step. Greedy tokens are plain decoding's either way."""
+    probing = {
+        "step_ms": 1e-3,
+        "row_ms": 1e3,
+        "probe_every": 2,
+        "max_probe_every": 2,
+        "score_plain": score_plain,
+    }
+    with llm_factory(demo_models["idlm"], 3, {"adaptive": probing}, max_num_seqs=16) as llm:
+        isd_outputs = generate(llm, heldout_prompts[:16], GREEDY)
+        (state,) = llm.collective_rpc("idlm_state")
+    probe_steps, spec_steps = state["probes"]["steps"], state["decode_rows"]["spec_steps"]
+    assert probe_steps >= GREEDY.max_tokens // 4, state["probes"]
+    assert state["observed_positions"][0] > 0, state  # the probes' position has verdicts
+    assert state["scoring_drafts"] == 0, state  # nothing left behind by finished requests
+    if score_plain:
+        assert spec_steps == probe_steps, state
+        assert state["num_scored"] >= probe_steps, state  # 16 requests scored per probe
+    else:
+        assert spec_steps >= 2 * probe_steps - 1, state  # the verify step after each probe
+        assert state["num_scored"] == 0, state
+    assert isd_outputs == plain_outputs[:16]
+
+
 def test_a_drafting_requests_probe_gets_its_extra_position_verified(
     demo_models, heldout_prompts, plain_outputs, llm_factory, generate
 ):

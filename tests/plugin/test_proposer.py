@@ -65,35 +65,100 @@ def test_stored_drafts_pair_probs_only_with_a_prefix_of_their_own_drafts():
     assert stored.matching((6,)) is None
 
 
-def adaptive_proposer(k: int) -> IsdProposer:
-    """An adaptive proposer (strides 1..k) for two requests, a and b."""
+def adaptive_proposer(k: int, temperatures=(1.0, 1.0)) -> IsdProposer:
+    """An adaptive proposer (strides 1..k) for two requests, a and b, sampled at
+    `temperatures` (0: greedy)."""
     strides = tuple(range(1, k + 1))
     options = IsdOptions(num_drafts=k, adaptive=True, mask_token_id=MASK, strides=strides)
     p = IsdProposer(SimpleNamespace(additional_config={"idlm": options.to_dict()}))
-    params = SimpleNamespace(structured_outputs=None)
     p.bind_runner(
         SimpleNamespace(
             input_batch=SimpleNamespace(req_ids=["a", "b"]),
-            requests={r: SimpleNamespace(sampling_params=params) for r in "ab"},
+            requests={
+                r: SimpleNamespace(
+                    sampling_params=SimpleNamespace(structured_outputs=None, temperature=t)
+                )
+                for r, t in zip("ab", temperatures, strict=True)
+            },
         )
     )
     return p
 
 
-def test_a_request_turned_plain_still_verifies_the_drafts_it_has():
-    """Adaptive policy at k = 0 (compute-bound): a probe's drafts are verified the next step
-    with no MASK slots after them, so the policy observes them; with none, plain decoding."""
-    p = adaptive_proposer(k=3)
+def plain_policy(p: IsdProposer):
+    """Pin `p`'s policy where every stride is 0 (rows are all that cost) and no probe
+    comes."""
     policy = p.state.policy
-    policy.cost.a, policy.cost.b, policy.cost.d = 1e-4, 1e-3, 0.0  # rows are all that cost
+    policy.cost.a, policy.cost.b, policy.cost.d = 1e-4, 1e-3, 0.0
     policy.config = replace(policy.config, probe_every=1000)
+    return policy
+
+
+def test_a_random_request_turned_plain_still_verifies_the_drafts_it_has():
+    """Adaptive policy at k = 0 (compute-bound): a random request's probe drafts are
+    verified the next step with no MASK slots after them (its verdicts need the drafts'
+    probabilities against the target's), so the policy observes them; with none, plain
+    decoding."""
+    p = adaptive_proposer(k=3)
+    plain_policy(p)
     probs = torch.ones(1, 8)
     p.state.draft_probs = {"a": StoredDrafts((5,), probs)}
     p.state.pending = {"a": [5]}
     assert p.propose([[1], [2]]) == [[5], []]
     assert set(p.state.draft_probs) == {"a"}  # kept: its draft is verified this step
     assert p.propose([[1], [2]]) == [[], []]
-    assert not p.state.draft_probs
+    assert not p.state.draft_probs and not p.state.scoring
+
+
+def test_greedy_drafts_on_a_plain_step_are_scored_against_the_emitted_tokens():
+    """Every stride 0, greedy requests: the drafts in hand are not verified (the step stays
+    plain, and a request whose drafts pass emits no more than the others) but scored
+    against the tokens each request emits in the steps after: the verdicts greedy
+    verification would give, handed to the policy as each one closes."""
+    p = adaptive_proposer(k=3, temperatures=(0.0, 0.0))
+    policy = plain_policy(p)
+    p.state.pending = {"a": [5], "b": [7, 8]}
+    assert p.propose([[1], [2]]) == [[], []]  # no slot: vLLM's plain path
+    assert p.state.scoring == {"a": ([5], 0), "b": ([7, 8], 0)}
+    assert policy.observed == [0, 0, 0]
+    assert p.propose([[5], [7]]) == [[], []]  # a: its draft was the token; b: one of two
+    assert p.state.scoring == {"b": ([7, 8], 1)} and p.state.num_scored == 1
+    assert policy.observed == [1, 0, 0]
+    a_first = policy.requests["a"].conditional[0]
+    assert p.propose([[6], [9]]) == [[], []]  # b's second draft was not the token
+    assert not p.state.scoring and p.state.num_scored == 2
+    assert policy.observed == [2, 1, 0]
+    b = policy.requests["b"].conditional
+    assert b[0] > policy.config.prior > b[1]  # accepted, then rejected
+    assert a_first > policy.config.prior  # accepted
+    p.state.pending = {"a": [3, 4]}
+    p.propose([[1], [2]])
+    p.state.finish(["a"])  # a request that finishes mid-score leaves nothing behind
+    assert not p.state.scoring and p.state.num_tracked == len(policy.requests)
+
+
+def test_a_random_request_among_them_keeps_the_step_speculative_and_verified():
+    """Every stride 0, one greedy and one random request with drafts in hand: the random
+    one's drafts must be verified, so the step is speculative and the greedy drafts are
+    verified with them, as before (no scoring)."""
+    p = adaptive_proposer(k=3, temperatures=(0.0, 0.7))
+    plain_policy(p)
+    p.state.pending = {"a": [5], "b": [7]}
+    p.state.draft_probs = {"b": StoredDrafts((7,), torch.ones(1, 8))}
+    assert p.propose([[1], [2]]) == [[5], [7]]
+    assert not p.state.scoring
+
+
+def test_greedy_drafts_of_a_drafting_batch_are_verified():
+    """Where some stride is above 0 the step is speculative anyway: drafts in hand are
+    verified (their tokens count this step), not scored."""
+    p = adaptive_proposer(k=2, temperatures=(0.0, 0.0))
+    policy = p.state.policy
+    policy.cost.a, policy.cost.b, policy.cost.d = 0.010, 1e-6, 0.0  # rows nearly free: K=2
+    policy.config = replace(policy.config, probe_every=1000)
+    p.state.pending = {"a": [5, 6], "b": [7, 8]}
+    assert p.propose([[1], [2]]) == [[5, 6, MASK, MASK], [7, 8, MASK, MASK]]
+    assert not p.state.scoring
 
 
 def test_a_plain_probe_drops_the_drafts_in_hand_so_the_step_is_plain():

@@ -256,6 +256,7 @@ def test_aborts_between_steps_leave_the_rest_exact_and_no_state_behind(
     assert sum(r.startswith("drop") for r in done) < 8
     state = settled_state(isd, prompts[0])
     assert state["pending_drafts"] == 0 and state["stored_draft_probs"] == 0
+    assert state["scoring_drafts"] == 0
     assert state["num_steps"] > 0
     assert_alive(isd, heldout_prompts[0], generate)
 
@@ -323,6 +324,7 @@ def test_preemption_and_resumption_stay_exact(plain, pressured, heldout_prompts,
     assert counter(pressured, "vllm:num_preemptions") > preempted_before
     state = settled_state(pressured, prompts[0])
     assert state["pending_drafts"] == 0 and state["stored_draft_probs"] == 0
+    assert state["scoring_drafts"] == 0
 
 
 def test_chunked_prefill_of_prompts_longer_than_the_token_budget(

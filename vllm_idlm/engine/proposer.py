@@ -6,6 +6,9 @@ policy's choice for this step), `[d_0 .. d_{n-1}, MASK x k]` after a fully accep
 and `[MASK x k]` (a cold start) otherwise. The drafts are all those the last step's MASK rows
 made (n <= K; fewer where vLLM trimmed MASK slots), also when n > k: a probe's extra draft,
 or the drafts in hand when the policy lowers k, are verified for the price of their rows.
+On a step the policy plans plain (no stride above 0) greedy drafts in hand are not verified
+but scored against the tokens the requests then emit, so that the step stays plain and every
+request emits one token (`IsdProposer._plain_step`).
 """
 
 from __future__ import annotations
@@ -86,17 +89,22 @@ class IsdProposer:
             bool(sampled) and self._drafting_enabled(p)
             for p, sampled in zip(params, sampled_token_ids)  # noqa: B905
         ]
-        strides = self._strides(
+        self._score(req_ids, sampled_token_ids)
+        chosen = self._strides(
             [r for r, d in zip(req_ids, drafting) if d],  # noqa: B905
             [p for p, d in zip(params, drafting) if d],  # noqa: B905
         )
-        # A plain probe of the policy drops the drafts in hand too: the step is a plain one.
-        plain = self.state.policy is not None and self.state.policy.probing_plain
+        strides = iter(chosen)
+        drop, score = self._plain_step(req_ids, params, drafting, chosen)
         proposals: list[list[int]] = []
         for req_id, drafts_on in zip(req_ids, drafting):  # noqa: B905
             drafts = pending.pop(req_id, None) or []
             k = next(strides) if drafts_on else 0
-            if not drafts_on or plain:
+            if not drafts_on:
+                drafts = []
+            elif drafts and drop:
+                if req_id in score:
+                    self.state.scoring.setdefault(req_id, (drafts, 0))
                 drafts = []
             # Otherwise every draft in hand is verified, also past the stride taken now (the
             # step after a probe, or after the policy lowered k or stopped drafting): they
@@ -111,7 +119,73 @@ class IsdProposer:
         pending.clear()
         return proposals
 
-    def _strides(self, req_ids: list[str], params: list[Any]):
+    def _plain_step(
+        self, req_ids: list[str], params: list[Any], drafting: list[bool], chosen: list[int]
+    ) -> tuple[bool, set[str]]:
+        """Whether the drafts in hand are all dropped this step, and the requests whose
+        dropped drafts are scored against the tokens they then emit (`_score`).
+
+        A step the policy plans plain (every stride 0: the step after a joint probe of plain
+        requests, or a plain probe) would take the speculative path only to verify the
+        drafts in hand, and a request whose drafts pass emits more than one token: a batch
+        whose requests ran in step (equal lengths, finishing together and prefilling their
+        successors in one step) falls out of step. So greedy drafts are not verified there
+        but scored: a greedy verdict is whether the draft is the target's argmax, which is
+        the token plain decoding then emits, so the verdicts are those verification would
+        give, one step later, and the step stays plain. A random request's verdict needs the
+        draft's probability against the target's, which a plain step does not keep: its
+        drafts are verified (and the greedy ones with them, the step being speculative
+        anyway), except on a plain probe, which drops them all (`probing_plain`).
+        `score_plain` off: nothing is scored, and only a plain probe drops drafts."""
+        policy = self.state.policy
+        if policy is None:
+            return False, set()
+        if not self.state.pending or not policy.config.score_plain:
+            return policy.probing_plain, set()
+        in_hand = [
+            (r, p)
+            for r, p, d in zip(req_ids, params, drafting)  # noqa: B905
+            if d and self.state.pending.get(r)
+        ]
+        greedy = {r for r, p in in_hand if self._greedy(p)}
+        if policy.probing_plain or (not any(chosen) and len(greedy) == len(in_hand)):
+            return True, greedy
+        return False, set()
+
+    def _score(self, req_ids: list[str], sampled_token_ids: list[list[int]]) -> None:
+        """Verdicts of scored drafts (`_plain_step`) from the tokens the requests emitted
+        this step: the drafts that match the emitted tokens in order are the ones greedy
+        verification would have accepted; the first that does not, or the last, closes the
+        request's verdict for the policy."""
+        scoring, policy = self.state.scoring, self.state.policy
+        if not scoring or policy is None:
+            return
+        for req_id, tokens in zip(req_ids, sampled_token_ids):  # noqa: B905
+            entry = scoring.get(req_id)
+            if entry is None or not tokens:
+                continue
+            drafts, matched = entry
+            done = False
+            for token in tokens:
+                if token != drafts[matched]:
+                    done = True
+                    break
+                matched += 1
+                if matched == len(drafts):
+                    done = True
+                    break
+            if done:
+                del scoring[req_id]
+                policy.observe(req_id, len(drafts), matched)
+                self.state.num_scored += 1
+            else:
+                scoring[req_id] = (drafts, matched)
+
+    @staticmethod
+    def _greedy(params: Any) -> bool:
+        return params is not None and getattr(params, "temperature", 1.0) < 1e-5
+
+    def _strides(self, req_ids: list[str], params: list[Any]) -> list[int]:
         """K for each drafting request's next step: the policy's choice, or the fixed K.
         Under the policy a seeded random request decodes plainly (k = 0): the policy's
         choices follow the machine's timings and the other requests, and a seed must give
@@ -119,9 +193,9 @@ class IsdProposer:
         is the one stride that never loses to plain decoding. A fixed K drafts for it."""
         policy = self.state.policy
         if policy is None:
-            return iter([self.options.num_drafts] * len(req_ids))
+            return [self.options.num_drafts] * len(req_ids)
         seeded = [self._seeded(p) for p in params]
         if not any(seeded):
-            return iter(policy.choose(req_ids))
+            return policy.choose(req_ids)
         chosen = iter(policy.choose([r for r, s in zip(req_ids, seeded, strict=True) if not s]))
-        return iter([0 if s else next(chosen) for s in seeded])
+        return [0 if s else next(chosen) for s in seeded]

@@ -184,6 +184,8 @@ def idlm_state(worker) -> dict | None:
     out = {
         "pending_drafts": len(state.pending),
         "stored_draft_probs": len(state.draft_probs),
+        "scoring_drafts": len(state.scoring),
+        "num_scored": state.num_scored,
         "num_steps": state.num_steps,
         "num_cold_starts": state.num_cold_starts,
         "num_unverifiable": state.num_unverifiable,

@@ -34,6 +34,11 @@ class IsdState:
     pending: dict[str, list[int]] = field(default_factory=dict)
     # req_id -> drafts now proposed or scheduled for a random request, with their probs.
     draft_probs: dict[str, StoredDrafts] = field(default_factory=dict)
+    # req_id -> drafts dropped on a plain step and scored against the tokens the request
+    # emits after them (greedy only), and how many matched so far (`IsdProposer._score`).
+    scoring: dict[str, tuple[list[int], int]] = field(default_factory=dict)
+    # Verdicts scored that way (closed, handed to the policy).
+    num_scored: int = 0
     # Counters for the cold-start share (steps without real drafts / all ISD steps).
     num_steps: int = 0
     num_cold_starts: int = 0
@@ -49,6 +54,7 @@ class IsdState:
         for req_id in req_ids:
             self.pending.pop(req_id, None)
             self.draft_probs.pop(req_id, None)
+            self.scoring.pop(req_id, None)
 
     def finish(self, req_ids: Iterable[str]) -> None:
         """Drop everything kept for finished or aborted requests."""
@@ -60,4 +66,4 @@ class IsdState:
     @property
     def num_tracked(self) -> int:
         policy = len(self.policy.requests) if self.policy is not None else 0
-        return len(self.pending) + len(self.draft_probs) + policy
+        return len(self.pending) + len(self.draft_probs) + len(self.scoring) + policy
