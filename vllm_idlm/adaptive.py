@@ -142,6 +142,9 @@ class StridePolicy:
         # Whether the strides just chosen are a plain probe: the drafts in hand are dropped
         # too (the proposer reads this), so that the step is a plain one.
         self.probing_plain = False
+        # Whether the strides last chosen were all 0 but for probes: the drafts the step
+        # after holds are probes' only (the proposer scores those, `IsdProposer._plain_step`).
+        self.chose_plain = True
 
     def _state(self, req_id: str) -> _RequestState:
         state = self.requests.get(req_id)
@@ -193,7 +196,7 @@ class StridePolicy:
         plain = self.check is not None and self.check.arm(band) == PLAIN
         probe_plain = not plain and self._plain_probe_due(best, goodput)
         self.probing_plain = probe_plain
-        chosen, probed = [], 0
+        chosen, probed, drafted = [], 0, False
         for i, (state, k_new) in enumerate(zip(states, best, strict=True)):
             state.steps += 1
             state.dwell += 1
@@ -213,11 +216,13 @@ class StridePolicy:
                     state.k, state.dwell = k_new, 0
             # The model's k, unless the check holds plain or the batch probes plain.
             k = 0 if plain or probe_plain else state.k
+            drafted = drafted or k > 0
             if not probe_plain and k < max_drafts and self._probes(state, k):
                 k = next(c for c in choices if c > k)  # probe one position more
                 probed += 1
             chosen.append(k)
             self.chosen[k] = self.chosen.get(k, 0) + 1
+        self.chose_plain = not drafted
         if probed:
             self.probed["steps"] += 1
             self.probed["request_steps"] += probed

@@ -137,6 +137,31 @@ def test_greedy_drafts_on_a_plain_step_are_scored_against_the_emitted_tokens():
     assert not p.state.scoring and p.state.num_tracked == len(policy.requests)
 
 
+def test_the_drafts_a_batch_holds_as_it_stops_drafting_are_verified_not_scored():
+    """The first plain step after drafting ones verifies the drafts in hand (the batch's
+    own, up to K per request, worth their rows); only the step after a plain batch's probe
+    scores them."""
+    p = adaptive_proposer(k=2, temperatures=(0.0, 0.0))
+    policy = p.state.policy
+    policy.cost.a, policy.cost.b, policy.cost.d = 0.010, 1e-6, 0.0  # rows nearly free: K=2
+    policy.config = replace(policy.config, probe_every=1000)
+    p.state.pending = {"a": [5, 6], "b": [7, 8]}
+    assert p.propose([[1], [2]]) == [[5, 6, MASK, MASK], [7, 8, MASK, MASK]]
+    policy.cost.a, policy.cost.b = 1e-4, 1e-3  # now rows are all that cost
+    for _ in range(20):  # k held for min_dwell steps, then plain
+        p.state.pending = {"a": [5, 6], "b": [7, 8]}
+        layout = p.propose([[1], [2]])
+        if layout == [[5, 6], [7, 8]]:  # no MASK: plain, but this step's drafts verified
+            break
+        assert layout == [[5, 6, MASK, MASK], [7, 8, MASK, MASK]], layout
+    else:
+        raise AssertionError("the policy never stopped drafting")
+    assert not p.state.scoring
+    p.state.pending = {"a": [5]}  # as a joint probe would leave them: now scored
+    assert p.propose([[1], [2]]) == [[], []]
+    assert p.state.scoring == {"a": ([5], 0)}
+
+
 def test_a_random_request_among_them_keeps_the_step_speculative_and_verified():
     """Every stride 0, one greedy and one random request with drafts in hand: the random
     one's drafts must be verified, so the step is speculative and the greedy drafts are

@@ -6,9 +6,9 @@ policy's choice for this step), `[d_0 .. d_{n-1}, MASK x k]` after a fully accep
 and `[MASK x k]` (a cold start) otherwise. The drafts are all those the last step's MASK rows
 made (n <= K; fewer where vLLM trimmed MASK slots), also when n > k: a probe's extra draft,
 or the drafts in hand when the policy lowers k, are verified for the price of their rows.
-On a step the policy plans plain (no stride above 0) greedy drafts in hand are not verified
-but scored against the tokens the requests then emit, so that the step stays plain and every
-request emits one token (`IsdProposer._plain_step`).
+On the step after a plain batch's joint probe, greedy probe drafts are not verified but scored
+against the tokens the requests then emit, so that the step stays plain and every request
+emits one token (`IsdProposer._plain_step`).
 """
 
 from __future__ import annotations
@@ -90,12 +90,14 @@ class IsdProposer:
             for p, sampled in zip(params, sampled_token_ids)  # noqa: B905
         ]
         self._score(req_ids, sampled_token_ids)
+        policy = self.state.policy
+        probes_in_hand = policy is not None and policy.chose_plain  # before choosing anew
         chosen = self._strides(
             [r for r, d in zip(req_ids, drafting) if d],  # noqa: B905
             [p for p, d in zip(params, drafting) if d],  # noqa: B905
         )
         strides = iter(chosen)
-        drop, score = self._plain_step(req_ids, params, drafting, chosen)
+        drop, score = self._plain_step(req_ids, params, drafting, chosen, probes_in_hand)
         proposals: list[list[int]] = []
         for req_id, drafts_on in zip(req_ids, drafting):  # noqa: B905
             drafts = pending.pop(req_id, None) or []
@@ -120,23 +122,30 @@ class IsdProposer:
         return proposals
 
     def _plain_step(
-        self, req_ids: list[str], params: list[Any], drafting: list[bool], chosen: list[int]
+        self,
+        req_ids: list[str],
+        params: list[Any],
+        drafting: list[bool],
+        chosen: list[int],
+        probes_in_hand: bool,
     ) -> tuple[bool, set[str]]:
         """Whether the drafts in hand are all dropped this step, and the requests whose
         dropped drafts are scored against the tokens they then emit (`_score`).
 
-        A step the policy plans plain (every stride 0: the step after a joint probe of plain
-        requests, or a plain probe) would take the speculative path only to verify the
-        drafts in hand, and a request whose drafts pass emits more than one token: a batch
-        whose requests ran in step (equal lengths, finishing together and prefilling their
-        successors in one step) falls out of step. So greedy drafts are not verified there
-        but scored: a greedy verdict is whether the draft is the target's argmax, which is
-        the token plain decoding then emits, so the verdicts are those verification would
-        give, one step later, and the step stays plain. A random request's verdict needs the
-        draft's probability against the target's, which a plain step does not keep: its
-        drafts are verified (and the greedy ones with them, the step being speculative
-        anyway), except on a plain probe, which drops them all (`probing_plain`).
-        `score_plain` off: nothing is scored, and only a plain probe drops drafts."""
+        A plain batch's step after its joint probe (every stride 0 then and now:
+        `probes_in_hand`) would take the speculative path only to verify the probes'
+        drafts, and a request whose draft passes emits two tokens: a batch whose requests
+        ran in step (equal lengths, finishing together and prefilling their successors in
+        one step) falls out of step. So greedy drafts are not verified there but scored: a
+        greedy verdict is whether the draft is the target's argmax, which is the token plain
+        decoding then emits, so the verdicts are those verification would give, one step
+        later, and the step stays plain. A random request's verdict needs the draft's
+        probability against the target's, which a plain step does not keep: its drafts are
+        verified (and the greedy ones with them, the step being speculative anyway). The
+        drafts a batch holds as it stops drafting are verified as before: they are the
+        batch's own, up to K per request, and worth their rows. A plain probe drops all
+        drafts (`probing_plain`), and scores the greedy ones. `score_plain` off: nothing is
+        scored, and only a plain probe drops drafts."""
         policy = self.state.policy
         if policy is None:
             return False, set()
@@ -148,7 +157,8 @@ class IsdProposer:
             if d and self.state.pending.get(r)
         ]
         greedy = {r for r, p in in_hand if self._greedy(p)}
-        if policy.probing_plain or (not any(chosen) and len(greedy) == len(in_hand)):
+        plain_again = probes_in_hand and not any(chosen)
+        if policy.probing_plain or (plain_again and len(greedy) == len(in_hand)):
             return True, greedy
         return False, set()
 
