@@ -27,15 +27,16 @@ has kept its k for `min_dwell` steps. Positions a request no longer drafts are n
 unobserved: their estimates move back toward the engine-wide one (a fraction `relax` per
 step), so that a request that left a position on a few unlucky rejections drafts it again and
 its verdicts decide anew, and every `probe_every` steps it drafts one position more than it
-chose (plain requests all on the same step; where the step after it is planned plain, greedy
+chose (plain requests all on the same step; where a plain batch stays plain after it, greedy
 requests score the probe's drafts against the tokens they then emit instead of verifying
-them, which would take the speculative path, see `IsdProposer._plain_step`). A probe that changes nothing (no request raises
-its k before the next one) doubles the interval, up to `max_probe_every`: a batch where
-drafting does not pay stops paying for probes that keep saying so; a probe after which a
-request raises its k brings the interval back to `probe_every`. The step cost is probed the
-other way too: a batch that drafts on every step shows the cost fit no plain step, and every
-`plain_probe_every` steps it decodes one step plainly, unless drafting wins however the steps'
-time splits between a and d (`_plain_probe_due`).
+them, which would take the speculative path, see `IsdProposer._plain_step`). A probe that
+changes nothing (no request raises its k before the next one) doubles the interval, up to
+`max_probe_every`: a batch where drafting does not pay stops paying for probes that keep
+saying so; a probe after which a request raises its k brings the interval back to
+`probe_every`. The step cost is probed the other way too: a batch that drafts on every step
+shows the cost fit no plain step, and every `plain_probe_every` steps it decodes one step
+plainly, unless drafting wins however the steps' time splits between a and d
+(`_plain_probe_due`).
 
 The model may misprice what the engine spends around a step, and its strides then lose to
 plain decoding: with `self_check` they are checked against plain decoding as measured
