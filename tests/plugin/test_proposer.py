@@ -138,9 +138,10 @@ def test_greedy_drafts_on_a_plain_step_are_scored_against_the_emitted_tokens():
 
 
 def test_the_drafts_a_batch_holds_as_it_stops_drafting_are_verified_not_scored():
-    """The first plain step after drafting ones verifies the drafts in hand (the batch's
-    own, up to K per request, worth their rows); only the step after a plain batch's probe
-    scores them."""
+    """Greedy drafts of a drafting batch are verified (the step is speculative anyway), and
+    so are those in hand on its first plain step after drafting ones (the batch's own, up
+    to K per request, worth their rows); only the step after a plain batch's probe scores
+    them."""
     p = adaptive_proposer(k=2, temperatures=(0.0, 0.0))
     policy = p.state.policy
     policy.cost.a, policy.cost.b, policy.cost.d = 0.010, 1e-6, 0.0  # rows nearly free: K=2
@@ -171,18 +172,6 @@ def test_a_random_request_among_them_keeps_the_step_speculative_and_verified():
     p.state.pending = {"a": [5], "b": [7]}
     p.state.draft_probs = {"b": StoredDrafts((7,), torch.ones(1, 8))}
     assert p.propose([[1], [2]]) == [[5], [7]]
-    assert not p.state.scoring
-
-
-def test_greedy_drafts_of_a_drafting_batch_are_verified():
-    """Where some stride is above 0 the step is speculative anyway: drafts in hand are
-    verified (their tokens count this step), not scored."""
-    p = adaptive_proposer(k=2, temperatures=(0.0, 0.0))
-    policy = p.state.policy
-    policy.cost.a, policy.cost.b, policy.cost.d = 0.010, 1e-6, 0.0  # rows nearly free: K=2
-    policy.config = replace(policy.config, probe_every=1000)
-    p.state.pending = {"a": [5, 6], "b": [7, 8]}
-    assert p.propose([[1], [2]]) == [[5, 6, MASK, MASK], [7, 8, MASK, MASK]]
     assert not p.state.scoring
 
 
