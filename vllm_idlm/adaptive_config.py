@@ -43,8 +43,9 @@ class AdaptiveConfig:
     # Price small batches on the step times measured at start where they leave the straight
     # line in rows (`StepCost.bend`); false keeps the line.
     bend: bool = True
-    # On a step planned plain, score greedy drafts in hand against the tokens then emitted
-    # instead of verifying them (`IsdProposer._plain_step`); false verifies them.
+    # Where a plain batch stays plain after its joint probe, greedy requests score the
+    # probe's drafts against the tokens they then emit instead of verifying them
+    # (`IsdProposer._plain_step`); false verifies them.
     score_plain: bool = True
 
     def __post_init__(self) -> None:
