@@ -92,11 +92,12 @@ def main() -> None:
 
     def note_plan(a, _):
         policy, req_ids = a[0], a[1]
-        if policy._decision is not None and req_ids:
+        plan = policy._decision
+        if plan is not None and req_ids:
             n = len(req_ids)
-            step["plan"] = policy._decision[2]
+            step["plan"] = plan.goodput
             step["plain_predicted"] = n / policy.cost(n, 0)
-            step["plan_drafts"] = any(policy._decision[1])
+            step["plan_drafts"] = any(plan.strides)
 
     timed(GPUModelRunner, "execute_model", "execute", note_execute)
     timed(GPUModelRunner, "_model_forward", "forward")

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -86,6 +87,17 @@ class _RequestState:
     dwell: int = 0
     steps: int = 0
     probes: _ProbeSchedule | None = None  # a drafting request's own (plain ones share one)
+
+
+class _Plan(NamedTuple):
+    """The batch's best strides (`StridePolicy._best`) and what they were made from."""
+
+    req_ids: tuple[str, ...]
+    strides: list[int]
+    goodput: float
+    tables: tuple[np.ndarray, np.ndarray]  # tokens and rows per request and choice
+    cost: tuple[float, ...]  # (a, b, d, e, m) of the step cost
+    conditional: np.ndarray  # the requests' acceptance estimates
 
 
 class _ProbeSchedule:
@@ -130,9 +142,10 @@ class StridePolicy:
         self.step = 0  # engine steps chosen for
         self.plain_probes = _ProbeSchedule(0)
         self._plain_probe: tuple[int, bool] = (0, False)  # (step, probing) memo
-        # The batch's best strides, kept while neither the batch, nor any of its requests'
-        # estimates, nor the step cost changed (most steps of a batch decoding plainly).
-        self._decision: tuple[tuple, list[int], float, tuple[np.ndarray, np.ndarray]] | None = None
+        # The batch's best strides, kept while the batch is the same and neither its requests'
+        # estimates nor the step cost moved by more than `replan_tolerance`.
+        self._decision: _Plan | None = None
+        self._estimates_moved = False  # some estimate changed since the plan was made
         self._plan_drafts = False  # the last plan (`_best`) drafted
         self.row_cost = cost.b  # b, or the bent cost of a row at the last plan (`_best`)
         # The check against plain decoding (not with a pinned cost: strides then do not
@@ -165,7 +178,7 @@ class StridePolicy:
             state.conditional[j] += w * (hit - state.conditional[j])
             self.engine_conditional[j] += we * (hit - self.engine_conditional[j])
             self.observed[j] += 1
-        self._decision = None
+        self._estimates_moved = True
 
     def forget(self, req_ids) -> None:
         for req_id in req_ids:
@@ -183,13 +196,8 @@ class StridePolicy:
         states = [self._state(r) for r in req_ids]
         if self.config.relax:
             self._relax(states)
-        cost = self.cost
-        key = (tuple(req_ids), cost.a, cost.b, cost.d, cost.e, cost.m)
-        if self._decision is None or self._decision[0] != key:
-            conditional = np.array([s.conditional for s in states]).reshape(len(states), -1)
-            tokens, rows = forward_tables(np.cumprod(conditional, axis=1), self.config.choices)
-            self._decision = (key, *self._best(tokens, rows), (tokens, rows))
-        _, best, goodput, (tokens, rows) = self._decision
+        plan = self._plan(tuple(req_ids), states)
+        best, goodput, (tokens, rows) = plan.strides, plan.goodput, plan.tables
         net = None  # what each choice nets each request, when a switch is weighed
         choices, max_drafts = self.config.choices, self.config.max_drafts
         self.step += 1
@@ -231,6 +239,44 @@ class StridePolicy:
             self.planned = (band, PLAIN if plain else MODEL, any(s.k > 0 for s in states))
         return chosen
 
+    def _plan(self, req_ids: tuple[str, ...], states: Sequence[_RequestState]) -> _Plan:
+        """The batch's plan: the last one while it still holds (`_holds`), else made anew."""
+        cost = self.cost
+        coefficients = (cost.a, cost.b, cost.d, cost.e, cost.m)
+        plan, conditional = self._decision, None
+        if plan is not None and plan.req_ids == req_ids:
+            if self._estimates_moved:
+                conditional = _estimates(states)
+            if self._holds(plan, coefficients, conditional):
+                return plan
+        if conditional is None:
+            conditional = _estimates(states)
+        tokens, rows = forward_tables(np.cumprod(conditional, axis=1), self.config.choices)
+        strides, goodput = self._best(tokens, rows)
+        self._estimates_moved = False
+        self._decision = _Plan(req_ids, strides, goodput, (tokens, rows), coefficients, conditional)
+        return self._decision
+
+    def _holds(
+        self, plan: _Plan, coefficients: tuple[float, ...], conditional: np.ndarray | None
+    ) -> bool:
+        """Whether `plan` still stands: no acceptance estimate moved by more than
+        `replan_tolerance` since it was made (`conditional`: the estimates now, None where none
+        changed), nor the predicted time of any step of the batch by more than that fraction.
+        A step of n requests has at most n (2K + 1) rows, n drafting requests and n K MASK
+        slots, so the coefficients' changes bound how far any plan's time moved."""
+        tolerance = self.config.replan_tolerance
+        if conditional is not None:
+            moved = float(np.max(np.abs(conditional - plan.conditional)))
+            if moved > tolerance or (not tolerance and moved):
+                return False
+        if coefficients == plan.cost:
+            return True
+        n, k = len(plan.req_ids), self.config.max_drafts
+        da, db, dd, de, dm = (abs(x - y) for x, y in zip(coefficients, plan.cost, strict=True))
+        shift = da + db * n * (2 * k + 1) + dd + de * n + dm * n * k
+        return shift <= tolerance * self.cost(n, 0)
+
     def _relax(self, states: Sequence[_RequestState]) -> None:
         """Estimates of positions beyond a request's stride get no verdicts (but a probe's):
         each step they move a fraction `relax` of the way back to the engine-wide estimate,
@@ -243,7 +289,7 @@ class StridePolicy:
                 gap = engine[j] - conditional[j]
                 if abs(gap) > 0.01:
                     conditional[j] += w * gap
-                    self._decision = None
+                    self._estimates_moved = True
 
     def measured(self, step: StepRecord, seconds: float) -> None:
         """A finished step, for the self-check: its plan, the tokens it emitted, its time."""
@@ -371,6 +417,11 @@ class StridePolicy:
         if not self._plan_drafts:
             return [0] * len(tokens), plain
         return [choices[i] for i in picks.tolist()], goodput
+
+
+def _estimates(states: Sequence[_RequestState]) -> np.ndarray:
+    """The requests' conditional acceptance estimates, [requests, positions]."""
+    return np.array([s.conditional for s in states]).reshape(len(states), -1)
 
 
 def forward_tables(rates: np.ndarray, choices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:

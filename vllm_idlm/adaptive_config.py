@@ -47,6 +47,13 @@ class AdaptiveConfig:
     # probe's drafts against the tokens they then emit instead of verifying them
     # (`IsdProposer._plain_step`); false verifies them.
     score_plain: bool = True
+    # The batch's plan (`StridePolicy._best`) is kept between steps until an input to it
+    # moved by more than this: an acceptance estimate by this much, or the predicted time of
+    # a step (any plan's, the batch's size) by this fraction. Verdicts, the estimates' drift
+    # back (`relax`) and the step cost's refits move them a little on most steps, and a
+    # plan made anew on every step cost the policy 0.17 ms of a 7 ms step at concurrency 16
+    # (RESULTS.md, twenty-sixth session); 0 makes it anew on any change.
+    replan_tolerance: float = 0.02
 
     def __post_init__(self) -> None:
         if not self.strides or min(self.strides) < 1:
@@ -58,10 +65,11 @@ class AdaptiveConfig:
             or not 0 <= self.relax < 1
             or not 0 <= self.plain_margin < 1
             or not 0 <= self.enter_margin < 1
+            or not 0 <= self.replan_tolerance < 1
         ):
             raise ValueError(
-                "adaptive: ema and engine_ema in (0, 1], prior in [0, 1], relax, plain_margin and "
-                f"enter_margin in [0, 1), got {self}"
+                "adaptive: ema and engine_ema in (0, 1], prior in [0, 1], relax, plain_margin, "
+                f"enter_margin and replan_tolerance in [0, 1), got {self}"
             )
         counts = (
             self.min_dwell,

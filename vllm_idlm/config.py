@@ -66,6 +66,7 @@ POLICY_KEYS = frozenset(
         "check_margin",
         "bend",
         "score_plain",
+        "replan_tolerance",
     }
 )
 ADAPTIVE_KEYS = STEP_COST_KEYS | POLICY_KEYS
@@ -127,8 +128,8 @@ class IsdOptions:
         neither measures nor refits it, so the strides follow acceptance alone, not this
         machine's step timings (what tests and reproducible runs need); `ema`, `prior`,
         `engine_ema`, `relax`, `hysteresis`, `min_dwell`, `probe_every`, `max_probe_every`,
-        `plain_probe_every`, `plain_margin`, `enter_margin`, `bend`, `score_plain` (and
-        the self-check's `check_*`) tune the policy (`vllm_idlm.adaptive`).
+        `plain_probe_every`, `plain_margin`, `enter_margin`, `bend`, `score_plain`,
+        `replan_tolerance` (and the self-check's `check_*`) tune the policy (`vllm_idlm.adaptive`).
     strides: the K values the checkpoint was trained for (resolved at startup).
     mask_token_id: resolved from the checkpoint (or the adapter) at startup.
     passthrough: vLLM speculative-config keys forwarded unchanged.

@@ -225,6 +225,33 @@ def test_the_kept_decision_follows_the_cost_the_estimates_and_the_batch():
     assert p.choose(["r", "s"]) == [0, 3]  # a new request, decided afresh (drafts nearly free)
 
 
+def test_the_plan_is_made_anew_only_where_an_input_moved_past_the_tolerance():
+    """Small moves of the estimates (a verdict near the estimate, the drift back toward the
+    engine's) and of the step cost (a refit) keep the batch's plan; a move past
+    `replan_tolerance` makes it anew, and so does any move with the tolerance at 0."""
+
+    def moves(tolerance: float) -> list[bool]:
+        p = policy(a=0.050, b=0.00001, min_dwell=0, probe_every=1000, relax=0)
+        p.config = AdaptiveConfig(**{**p.config.__dict__, "replan_tolerance": tolerance})
+        p.choose(["r", "s"])
+        made = []
+        for change in (
+            lambda: p.observe("r", 1, 1),  # 0.8 -> 0.83 at position 1
+            lambda: p.observe("r", 1, 1),  # 0.83 -> 0.855: 0.055 from the plan's
+            lambda: setattr(p.cost, "a", p.cost.a * 1.005),  # the step's time moves 0.5%
+            lambda: setattr(p.cost, "a", p.cost.a * 1.04),  # and 4.5% from the plan's
+            lambda: None,
+        ):
+            plan = p._decision
+            change()
+            p.choose(["r", "s"])
+            made.append(p._decision is not plan)
+        return made
+
+    assert moves(0.04) == [False, True, False, True, False]
+    assert moves(0.0) == [True, True, True, True, False]
+
+
 def test_the_adaptive_object_pins_the_cost_and_sets_the_knobs():
     from vllm_idlm.config import IsdOptions
     from vllm_idlm.engine.proposer import make_policy

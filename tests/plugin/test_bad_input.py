@@ -51,6 +51,10 @@ from vllm_idlm.config import IsdOptions
             "check_hold >= 1",
         ),
         (
+            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"replan_tolerance": 1}},
+            "replan_tolerance in \\[0, 1\\)",
+        ),
+        (
             {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"ema": -1}},
             "adaptive ema must be a number >= 0",
         ),
