@@ -50,9 +50,10 @@ class AdaptiveConfig:
     # The batch's plan (`StridePolicy._best`) is kept between steps until an input to it
     # moved by more than this: an acceptance estimate by this much, or the predicted time of
     # a step (any plan's, the batch's size) by this fraction. Verdicts, the estimates' drift
-    # back (`relax`) and the step cost's refits move them a little on most steps, and a
-    # plan made anew on every step cost the policy 0.17 ms of a 7 ms step at concurrency 16
-    # (RESULTS.md, twenty-sixth session); 0 makes it anew on any change.
+    # back (`relax`) and the step cost's refits move them a little on most steps: made anew
+    # on every such step, the policy's choice took 0.20 ms of a 7-9 ms plain step at
+    # concurrency 16, kept 0.08-0.09 (RESULTS.md, twenty-sixth session); 0 makes it anew on
+    # any change.
     replan_tolerance: float = 0.02
 
     def __post_init__(self) -> None:
