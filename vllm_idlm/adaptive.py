@@ -266,10 +266,11 @@ class StridePolicy:
         A step of n requests has at most n (2K + 1) rows, n drafting requests and n K MASK
         slots, so the coefficients' changes bound how far any plan's time moved."""
         tolerance = self.config.replan_tolerance
-        if conditional is not None:
-            moved = float(np.max(np.abs(conditional - plan.conditional)))
-            if moved > tolerance or (not tolerance and moved):
-                return False
+        moved = (
+            0.0 if conditional is None else float(np.max(np.abs(conditional - plan.conditional)))
+        )
+        if moved > tolerance:
+            return False
         if coefficients == plan.cost:
             return True
         n, k = len(plan.req_ids), self.config.max_drafts
