@@ -43,9 +43,9 @@ def per_step(
     planned = 0
     start = time.perf_counter()
     for _ in range(steps):
-        plan = policy._decision
+        plan = policy.planner.decision
         strides = policy.choose(req_ids)
-        planned += policy._decision is not plan
+        planned += policy.planner.decision is not plan
         for req_id, k in zip(req_ids, strides, strict=True):
             if k:
                 accepted = 0

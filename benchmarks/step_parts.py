@@ -92,7 +92,7 @@ def main() -> None:
 
     def note_plan(a, _):
         policy, req_ids = a[0], a[1]
-        plan = policy._decision
+        plan = policy.planner.decision
         if plan is not None and req_ids:
             n = len(req_ids)
             step["plan"] = plan.goodput

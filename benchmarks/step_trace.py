@@ -62,8 +62,9 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     import vllm_idlm.engine.runner as runner_module
-    from vllm_idlm.adaptive import StridePolicy, cumulative, tokens_per_forward
+    from vllm_idlm.adaptive import StridePolicy
     from vllm_idlm.measure import timed_generate
+    from vllm_idlm.stride_plan import cumulative, tokens_per_forward
 
     steps: list[tuple] = []
     fits: list[tuple] = []

@@ -1,23 +1,8 @@
 """Choosing K per request and per step: the most expected tokens per second for the batch.
 
-vLLM-free. A request at stride k (k drafts verified and k MASK slots appended per warm step)
-alternates warm steps (drafts available: 1 + 2k query rows) and cold ones (after a
-rejection: 1 + k rows). With r_j = P(the first j drafts are accepted), S_k = r_1 + .. + r_k,
-it stays warm with probability r_k, so per forward (ADAPTIVE.md):
-
-    tokens(k) = (2 + S_k - r_k) / (2 - r_k)
-    rows(k)   = (2k + 1 + (1 - r_k)(k + 1)) / (2 - r_k)
-
-and k = 0 is plain decoding: one row, one token. A step costs c(R, n, M) = a + b R (+ d + e n
-+ m M when n > 0 requests carry draft slots: vLLM's speculative path is not free, each
-drafting request adds its own work, and each of the M MASK slots its own, k per request at
-stride k), R the decode rows of the batch (prompt tokens of prefill chunks are fitted as a
-term of their own). The policy maximises G = sum_i tokens_i(k_i) / c(sum_i rows_i(k_i), n,
-sum_i k_i) with Dinkelbach's iteration: given G, each request independently takes the k
-maximising tokens_i(k) - G (b rows_i(k) + [k > 0] e + m k);
-G is recomputed until it stops moving. The all-plain batch (no speculative path, no d) is
-the alternative it must beat, by a margin: 15% for a batch whose last plan was plain to start
-drafting (`enter_margin`), 5% for one that drafts to go on (`plain_margin`).
+vLLM-free. The batch's plan (`vllm_idlm.stride_plan`: the tokens and rows a stride yields per
+forward, Dinkelbach's iteration over the batch, the margin over plain decoding) is made from
+the estimates kept here, and turned here into each request's stride for the next step.
 
 The acceptance estimates are per request and per position (an exponential moving average,
 weight `ema`, of the conditional acceptance a_j = r_j / r_{j-1}, started from the engine-wide
@@ -48,36 +33,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from vllm_idlm.adaptive_config import AdaptiveConfig
 from vllm_idlm.self_check import MODEL, PLAIN, SelfCheck
 from vllm_idlm.step_cost import StepCost, StepRecord
-
-
-def cumulative(conditional: Sequence[float]) -> list[float]:
-    """r_j = a_1 * .. * a_j."""
-    out, r = [], 1.0
-    for a in conditional:
-        r *= a
-        out.append(r)
-    return out
-
-
-def tokens_per_forward(rates: Sequence[float], k: int) -> float:
-    if k == 0:
-        return 1.0
-    r_k = rates[k - 1]
-    return (2.0 + sum(rates[:k]) - r_k) / (2.0 - r_k)
-
-
-def rows_per_forward(rates: Sequence[float], k: int) -> float:
-    if k == 0:
-        return 1.0
-    r_k = rates[k - 1]
-    return (2 * k + 1 + (1.0 - r_k) * (k + 1)) / (2.0 - r_k)
+from vllm_idlm.stride_plan import BatchPlanner, cumulative
 
 
 @dataclass
@@ -87,17 +49,6 @@ class _RequestState:
     dwell: int = 0
     steps: int = 0
     probes: _ProbeSchedule | None = None  # a drafting request's own (plain ones share one)
-
-
-class _Plan(NamedTuple):
-    """The batch's best strides (`StridePolicy._best`) and what they were made from."""
-
-    req_ids: tuple[str, ...]
-    strides: list[int]
-    goodput: float
-    tables: tuple[np.ndarray, np.ndarray]  # tokens and rows per request and choice
-    cost: tuple[float, ...]  # (a, b, d, e, m) of the step cost
-    conditional: np.ndarray  # the requests' acceptance estimates
 
 
 class _ProbeSchedule:
@@ -128,8 +79,9 @@ class StridePolicy:
     """Per-request acceptance estimates and the per-step choice of k."""
 
     def __init__(self, config: AdaptiveConfig, cost: StepCost) -> None:
-        self.config = config
-        self.cost = cost
+        # The batch's plan, kept while the batch is the same and neither its requests'
+        # estimates nor the step cost moved by more than `replan_tolerance`.
+        self.planner = BatchPlanner(config, cost)
         self.engine_conditional = [config.prior] * config.max_drafts
         self.observed = [0] * config.max_drafts  # verdicts seen per position, engine-wide
         self.requests: dict[str, _RequestState] = {}
@@ -142,12 +94,6 @@ class StridePolicy:
         self.step = 0  # engine steps chosen for
         self.plain_probes = _ProbeSchedule(0)
         self._plain_probe: tuple[int, bool] = (0, False)  # (step, probing) memo
-        # The batch's best strides, kept while the batch is the same and neither its requests'
-        # estimates nor the step cost moved by more than `replan_tolerance`.
-        self._decision: _Plan | None = None
-        self._estimates_moved = False  # some estimate changed since the plan was made
-        self._plan_drafts = False  # the last plan (`_best`) drafted
-        self.row_cost = cost.b  # b, or the bent cost of a row at the last plan (`_best`)
         # The check against plain decoding (not with a pinned cost: strides then do not
         # depend on the machine's timings) and, with it on, what the next step was planned
         # as: (band, arm, whether the model drafted).
@@ -159,6 +105,22 @@ class StridePolicy:
         # Whether the strides last chosen were all 0 but for probes: the drafts the step
         # after holds are probes' only (the proposer scores those, `IsdProposer._plain_step`).
         self.chose_plain = True
+
+    @property
+    def config(self) -> AdaptiveConfig:
+        return self.planner.config
+
+    @config.setter
+    def config(self, config: AdaptiveConfig) -> None:
+        self.planner.config = config
+
+    @property
+    def cost(self) -> StepCost:
+        return self.planner.cost
+
+    @cost.setter
+    def cost(self, cost: StepCost) -> None:
+        self.planner.cost = cost
 
     def _state(self, req_id: str) -> _RequestState:
         state = self.requests.get(req_id)
@@ -178,12 +140,12 @@ class StridePolicy:
             state.conditional[j] += w * (hit - state.conditional[j])
             self.engine_conditional[j] += we * (hit - self.engine_conditional[j])
             self.observed[j] += 1
-        self._estimates_moved = True
+        self.planner.estimates_moved = True
 
     def forget(self, req_ids) -> None:
         for req_id in req_ids:
             if self.requests.pop(req_id, None) is not None:
-                self._decision = None
+                self.planner.decision = None
 
     def rates(self, req_id: str) -> list[float]:
         return cumulative(self._state(req_id).conditional)
@@ -196,7 +158,7 @@ class StridePolicy:
         states = [self._state(r) for r in req_ids]
         if self.config.relax:
             self._relax(states)
-        plan = self._plan(tuple(req_ids), states)
+        plan = self.planner.plan(tuple(req_ids), lambda: _estimates(states))
         best, goodput, (tokens, rows) = plan.strides, plan.goodput, plan.tables
         net = None  # what each choice nets each request, when a switch is weighed
         choices, max_drafts = self.config.choices, self.config.max_drafts
@@ -213,7 +175,7 @@ class StridePolicy:
                 state.k, state.dwell = k_new, 0
             elif k_new != state.k and state.dwell >= self.config.min_dwell:
                 if net is None:
-                    net = self._net(tokens, rows, goodput, self.row_cost)
+                    net = self.planner.net(tokens, rows, goodput, self.planner.row_cost)
                 old = float(net[i, choices.index(state.k)])
                 new = float(net[i, choices.index(k_new)])
                 if new > old + self.config.hysteresis * max(abs(old), 1e-9):
@@ -239,45 +201,6 @@ class StridePolicy:
             self.planned = (band, PLAIN if plain else MODEL, any(s.k > 0 for s in states))
         return chosen
 
-    def _plan(self, req_ids: tuple[str, ...], states: Sequence[_RequestState]) -> _Plan:
-        """The batch's plan: the last one while it still holds (`_holds`), else made anew."""
-        cost = self.cost
-        coefficients = (cost.a, cost.b, cost.d, cost.e, cost.m)
-        plan, conditional = self._decision, None
-        if plan is not None and plan.req_ids == req_ids:
-            if self._estimates_moved:
-                conditional = _estimates(states)
-            if self._holds(plan, coefficients, conditional):
-                return plan
-        if conditional is None:
-            conditional = _estimates(states)
-        tokens, rows = forward_tables(np.cumprod(conditional, axis=1), self.config.choices)
-        strides, goodput = self._best(tokens, rows)
-        self._estimates_moved = False
-        self._decision = _Plan(req_ids, strides, goodput, (tokens, rows), coefficients, conditional)
-        return self._decision
-
-    def _holds(
-        self, plan: _Plan, coefficients: tuple[float, ...], conditional: np.ndarray | None
-    ) -> bool:
-        """Whether `plan` still stands: no acceptance estimate moved by more than
-        `replan_tolerance` since it was made (`conditional`: the estimates now, None where none
-        changed), nor the predicted time of any step of the batch by more than that fraction.
-        A step of n requests has at most n (2K + 1) rows, n drafting requests and n K MASK
-        slots, so the coefficients' changes bound how far any plan's time moved."""
-        tolerance = self.config.replan_tolerance
-        moved = (
-            0.0 if conditional is None else float(np.max(np.abs(conditional - plan.conditional)))
-        )
-        if moved > tolerance:
-            return False
-        if coefficients == plan.cost:
-            return True
-        n, k = len(plan.req_ids), self.config.max_drafts
-        da, db, dd, de, dm = (abs(x - y) for x, y in zip(coefficients, plan.cost, strict=True))
-        shift = da + db * n * (2 * k + 1) + dd + de * n + dm * n * k
-        return shift <= tolerance * self.cost(n, 0)
-
     def _relax(self, states: Sequence[_RequestState]) -> None:
         """Estimates of positions beyond a request's stride get no verdicts (but a probe's):
         each step they move a fraction `relax` of the way back to the engine-wide estimate,
@@ -290,7 +213,7 @@ class StridePolicy:
                 gap = engine[j] - conditional[j]
                 if abs(gap) > 0.01:
                     conditional[j] += w * gap
-                    self._estimates_moved = True
+                    self.planner.estimates_moved = True
 
     def measured(self, step: StepRecord, seconds: float) -> None:
         """A finished step, for the self-check: its plan, the tokens it emitted, its time."""
@@ -343,98 +266,7 @@ class StridePolicy:
             self._plain_probe = (self.step, self.plain_probes.due(self.step, self.config))
         return self._plain_probe[1]
 
-    def best_strides(self, rates: Sequence[Sequence[float]]) -> tuple[list[int], float]:
-        """Dinkelbach's iteration for the strides of most expected tokens per second of the
-        batch; the all-plain batch as the alternative."""
-        if not len(rates):
-            return [], 0.0
-        table = np.asarray(rates, dtype=float).reshape(len(rates), -1)
-        return self._best(*forward_tables(table, self.config.choices))
-
-    def _net(
-        self, tokens: np.ndarray, rows: np.ndarray, goodput: float, row_cost: float | None = None
-    ) -> np.ndarray:
-        """What each choice of k nets a request at the batch's goodput G (tokens and rows per
-        choice, in the last axis): tokens(k) - G (b rows(k) + [k > 0] e + m k), e being what
-        each drafting request adds to the step beyond its rows and m what each of its k MASK
-        slots adds; `row_cost` in place of b."""
-        b = self.cost.b if row_cost is None else row_cost
-        return tokens - goodput * (b * rows + self._per_request())
-
-    def _per_request(self) -> np.ndarray:
-        """[k > 0] e + m k for each choice of k."""
-        per_request = self.cost.e + self.cost.m * np.asarray(self.config.choices, dtype=float)
-        per_request[0] = 0.0
-        return per_request
-
-    def _best(self, tokens: np.ndarray, rows: np.ndarray) -> tuple[list[int], float]:
-        """`best_strides` over per-request tokens and rows per choice ([requests, choices])."""
-        choices, cost = self.config.choices, self.cost
-        if not len(tokens):
-            return [], 0.0
-        at = np.arange(len(tokens))
-        strides = np.asarray(choices)
-
-        def value(picks: np.ndarray) -> float:
-            drafting = int(np.count_nonzero(picks))
-            return float(tokens[at, picks].sum()) / cost(
-                float(rows[at, picks].sum()), drafting, float(strides[picks].sum())
-            )
-
-        picks = np.full(len(tokens), len(choices) - 1)
-        goodput = value(picks)
-        priced = cost.b * rows + self._per_request()  # what the net weighs at G
-        for _ in range(16):
-            picks = np.argmax(tokens - goodput * priced, axis=1)
-            new = value(picks)
-            if abs(new - goodput) <= 1e-9 * goodput:
-                break
-            goodput = new
-        # The iteration prices rows on the line (b per row); the step cost also bends away
-        # from it at small batches (`StepCost.bend`), which only whole plans show: one stride
-        # for every request is weighed too.
-        n, token_sums, row_sums = len(tokens), tokens.sum(axis=0), rows.sum(axis=0)
-        for j in range(1, len(choices)):
-            uniform = float(token_sums[j]) / cost(float(row_sums[j]), n, float(choices[j] * n))
-            if uniform > goodput:
-                picks, goodput = np.full(n, j), uniform
-        # What a row costs between the all-plain batch and this plan, bend included (>= 0):
-        # the price a request's switch of stride is weighed at (`choose`).
-        plain_rows, plan_rows = float(len(tokens)), float(rows[at, picks].sum())
-        self.row_cost = self.cost.b
-        if plan_rows > plain_rows:
-            extra = self.cost(plan_rows, 0) - self.cost(plain_rows, 0)
-            self.row_cost = max(extra / (plan_rows - plain_rows), 0.0)
-        # Drafting must win by a margin: where the model sees a few percent in it, what it
-        # does not price (a batch whose requests finish apart and prefill their successors
-        # one step at a time, cold first steps, the verify path's own jitter) has turned the
-        # few percent into a loss (the demo models at concurrency 8: 3% expected, 8% lost).
-        # A batch that decodes plainly needs more to start (`enter_margin`): at concurrency
-        # 16 joint probes nudged plans 5-6% over plain, the whole batch drafted, the cost fit
-        # raised d, and it went back within 15 steps, paying the switches both ways.
-        plain = len(tokens) / self.cost(len(tokens), 0)
-        margin = self.config.plain_margin if self._plan_drafts else self.config.enter_margin
-        self._plan_drafts = plain * (1.0 + margin) < goodput
-        if not self._plan_drafts:
-            return [0] * len(tokens), plain
-        return [choices[i] for i in picks.tolist()], goodput
-
 
 def _estimates(states: Sequence[_RequestState]) -> np.ndarray:
     """The requests' conditional acceptance estimates, [requests, positions]."""
     return np.array([s.conditional for s in states]).reshape(len(states), -1)
-
-
-def forward_tables(rates: np.ndarray, choices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """`tokens_per_forward` and `rows_per_forward` of every request (rows of `rates`, r_j per
-    position) at every choice of k, as [requests, choices] arrays: the whole batch at once."""
-    n = len(rates)
-    tokens, rows = np.ones((n, len(choices))), np.ones((n, len(choices)))
-    if n:
-        prefix = np.cumsum(rates, axis=1)  # S_k
-        for i, k in enumerate(choices):
-            if k:
-                r = rates[:, k - 1]
-                tokens[:, i] = (2.0 + prefix[:, k - 1] - r) / (2.0 - r)
-                rows[:, i] = (2 * k + 1 + (1.0 - r) * (k + 1)) / (2.0 - r)
-    return tokens, rows

@@ -25,10 +25,10 @@ class AdaptiveConfig:
     # Steps between plain probes (`StridePolicy._plain_probe_due`).
     plain_probe_every: int = 32
     # How much more the batch's plan must be expected to deliver than plain decoding (a
-    # fraction of plain decoding's tokens per second; `_best`): `enter_margin` for a batch
-    # whose last plan was plain to start drafting, `plain_margin` for one that drafts to go
-    # on drafting. The higher bar to enter keeps a batch whose plan hovers a few percent
-    # over plain decoding from flipping (RESULTS.md, twenty-fourth session).
+    # fraction of plain decoding's tokens per second; `BatchPlanner.best`): `enter_margin`
+    # for a batch whose last plan was plain to start drafting, `plain_margin` for one that
+    # drafts to go on drafting. The higher bar to enter keeps a batch whose plan hovers a
+    # few percent over plain decoding from flipping (RESULTS.md, twenty-fourth session).
     plain_margin: float = 0.05
     enter_margin: float = 0.15
     # The check against plain decoding (`SelfCheck`; opt-in: on this 2-core machine its
@@ -47,7 +47,7 @@ class AdaptiveConfig:
     # probe's drafts against the tokens they then emit instead of verifying them
     # (`IsdProposer._plain_step`); false verifies them.
     score_plain: bool = True
-    # The batch's plan (`StridePolicy._best`) is kept between steps until an input to it
+    # The batch's plan (`BatchPlanner`) is kept between steps until an input to it
     # moved by more than this: an acceptance estimate by this much, or the predicted time of
     # a step (any plan's, the batch's size) by this fraction. Verdicts, the estimates' drift
     # back (`relax`) and the step cost's refits move them a little on most steps: made anew

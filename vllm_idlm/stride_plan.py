@@ -1,0 +1,211 @@
+"""The batch's plan: the stride of every request for the most expected tokens per second.
+
+vLLM-free. A request at stride k (k drafts verified and k MASK slots appended per warm step)
+alternates warm steps (drafts available: 1 + 2k query rows) and cold ones (after a
+rejection: 1 + k rows). With r_j = P(the first j drafts are accepted), S_k = r_1 + .. + r_k,
+it stays warm with probability r_k, so per forward (ADAPTIVE.md):
+
+    tokens(k) = (2 + S_k - r_k) / (2 - r_k)
+    rows(k)   = (2k + 1 + (1 - r_k)(k + 1)) / (2 - r_k)
+
+and k = 0 is plain decoding: one row, one token. A step costs c(R, n, M) (`StepCost`: a + b R,
++ d + e n + m M when n > 0 requests carry draft slots), R the decode rows of the batch and M
+its MASK slots, k per request at stride k. The planner maximises G = sum_i tokens_i(k_i) /
+c(sum_i rows_i(k_i), n, sum_i k_i) with Dinkelbach's iteration: given G, each request
+independently takes the k maximising tokens_i(k) - G (b rows_i(k) + [k > 0] e + m k); G is
+recomputed until it stops moving. The all-plain batch (no speculative path, no d) is the
+alternative it must beat, by a margin: `enter_margin` for a batch whose last plan was plain
+to start drafting, `plain_margin` for one that drafts to go on.
+
+A plan is kept between steps while the batch is the same and its inputs moved by no more
+than `replan_tolerance` (`BatchPlanner.holds`): verdicts, the estimates' drift back toward
+the engine-wide one and the step cost's refits move them a little on most steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from vllm_idlm.adaptive_config import AdaptiveConfig
+from vllm_idlm.step_cost import StepCost
+
+
+def cumulative(conditional: Sequence[float]) -> list[float]:
+    """r_j = a_1 * .. * a_j."""
+    out, r = [], 1.0
+    for a in conditional:
+        r *= a
+        out.append(r)
+    return out
+
+
+def tokens_per_forward(rates: Sequence[float], k: int) -> float:
+    if k == 0:
+        return 1.0
+    r_k = rates[k - 1]
+    return (2.0 + sum(rates[:k]) - r_k) / (2.0 - r_k)
+
+
+def rows_per_forward(rates: Sequence[float], k: int) -> float:
+    if k == 0:
+        return 1.0
+    r_k = rates[k - 1]
+    return (2 * k + 1 + (1.0 - r_k) * (k + 1)) / (2.0 - r_k)
+
+
+def forward_tables(rates: np.ndarray, choices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """`tokens_per_forward` and `rows_per_forward` of every request (rows of `rates`, r_j per
+    position) at every choice of k, as [requests, choices] arrays: the whole batch at once."""
+    n = len(rates)
+    tokens, rows = np.ones((n, len(choices))), np.ones((n, len(choices)))
+    if n:
+        prefix = np.cumsum(rates, axis=1)  # S_k
+        for i, k in enumerate(choices):
+            if k:
+                r = rates[:, k - 1]
+                tokens[:, i] = (2.0 + prefix[:, k - 1] - r) / (2.0 - r)
+                rows[:, i] = (2 * k + 1 + (1.0 - r) * (k + 1)) / (2.0 - r)
+    return tokens, rows
+
+
+class Plan(NamedTuple):
+    """The batch's best strides (`BatchPlanner.best`) and what they were made from."""
+
+    req_ids: tuple[str, ...]
+    strides: list[int]
+    goodput: float
+    tables: tuple[np.ndarray, np.ndarray]  # tokens and rows per request and choice
+    cost: tuple[float, ...]  # (a, b, d, e, m) of the step cost
+    conditional: np.ndarray  # the requests' acceptance estimates, [requests, positions]
+
+
+class BatchPlanner:
+    """The batch's plan, made anew only where an input to it moved (`plan`)."""
+
+    def __init__(self, config: AdaptiveConfig, cost: StepCost) -> None:
+        self.config = config
+        self.cost = cost
+        self.decision: Plan | None = None  # the last plan
+        self.estimates_moved = False  # some estimate changed since the plan was made
+        self.drafts = False  # the last plan (`best`) drafted
+        self.row_cost = cost.b  # b, or the bent cost of a row at the last plan (`best`)
+
+    def plan(self, req_ids: tuple[str, ...], estimates) -> Plan:
+        """The plan for `req_ids`: the last one while it still holds (`holds`), else made
+        anew. `estimates()` gives the requests' conditional acceptance, [requests, positions]:
+        it is read only where the plan may have to be checked against it."""
+        cost = self.cost
+        coefficients = (cost.a, cost.b, cost.d, cost.e, cost.m)
+        plan, conditional = self.decision, None
+        if plan is not None and plan.req_ids == req_ids:
+            if self.estimates_moved:
+                conditional = estimates()
+            if self.holds(plan, coefficients, conditional):
+                return plan
+        if conditional is None:
+            conditional = estimates()
+        tokens, rows = forward_tables(np.cumprod(conditional, axis=1), self.config.choices)
+        strides, goodput = self.best(tokens, rows)
+        self.estimates_moved = False
+        self.decision = Plan(req_ids, strides, goodput, (tokens, rows), coefficients, conditional)
+        return self.decision
+
+    def holds(
+        self, plan: Plan, coefficients: tuple[float, ...], conditional: np.ndarray | None
+    ) -> bool:
+        """Whether `plan` still stands: no acceptance estimate moved by more than
+        `replan_tolerance` since it was made (`conditional`: the estimates now, None where none
+        changed), nor the predicted time of any step of the batch by more than that fraction.
+        A step of n requests has at most n (2K + 1) rows, n drafting requests and n K MASK
+        slots, so the coefficients' changes bound how far any plan's time moved."""
+        tolerance = self.config.replan_tolerance
+        moved = (
+            0.0 if conditional is None else float(np.max(np.abs(conditional - plan.conditional)))
+        )
+        if moved > tolerance:
+            return False
+        if coefficients == plan.cost:
+            return True
+        n, k = len(plan.req_ids), self.config.max_drafts
+        da, db, dd, de, dm = (abs(x - y) for x, y in zip(coefficients, plan.cost, strict=True))
+        shift = da + db * n * (2 * k + 1) + dd + de * n + dm * n * k
+        return shift <= tolerance * self.cost(n, 0)
+
+    def best_strides(self, rates: Sequence[Sequence[float]]) -> tuple[list[int], float]:
+        """Dinkelbach's iteration for the strides of most expected tokens per second of the
+        batch (r_j per request); the all-plain batch as the alternative."""
+        if not len(rates):
+            return [], 0.0
+        table = np.asarray(rates, dtype=float).reshape(len(rates), -1)
+        return self.best(*forward_tables(table, self.config.choices))
+
+    def net(
+        self, tokens: np.ndarray, rows: np.ndarray, goodput: float, row_cost: float | None = None
+    ) -> np.ndarray:
+        """What each choice of k nets a request at the batch's goodput G (tokens and rows per
+        choice, in the last axis): tokens(k) - G (b rows(k) + [k > 0] e + m k), e being what
+        each drafting request adds to the step beyond its rows and m what each of its k MASK
+        slots adds; `row_cost` in place of b."""
+        b = self.cost.b if row_cost is None else row_cost
+        return tokens - goodput * (b * rows + self.per_request())
+
+    def per_request(self) -> np.ndarray:
+        """[k > 0] e + m k for each choice of k."""
+        per_request = self.cost.e + self.cost.m * np.asarray(self.config.choices, dtype=float)
+        per_request[0] = 0.0
+        return per_request
+
+    def best(self, tokens: np.ndarray, rows: np.ndarray) -> tuple[list[int], float]:
+        """`best_strides` over per-request tokens and rows per choice ([requests, choices])."""
+        choices, cost = self.config.choices, self.cost
+        if not len(tokens):
+            return [], 0.0
+        at = np.arange(len(tokens))
+        strides = np.asarray(choices)
+
+        def value(picks: np.ndarray) -> float:
+            drafting = int(np.count_nonzero(picks))
+            return float(tokens[at, picks].sum()) / cost(
+                float(rows[at, picks].sum()), drafting, float(strides[picks].sum())
+            )
+
+        picks = np.full(len(tokens), len(choices) - 1)
+        goodput = value(picks)
+        priced = cost.b * rows + self.per_request()  # what the net weighs at G
+        for _ in range(16):
+            picks = np.argmax(tokens - goodput * priced, axis=1)
+            new = value(picks)
+            if abs(new - goodput) <= 1e-9 * goodput:
+                break
+            goodput = new
+        # The iteration prices rows on the line (b per row); the step cost also bends away
+        # from it at small batches (`StepCost.bend`), which only whole plans show: one stride
+        # for every request is weighed too.
+        n, token_sums, row_sums = len(tokens), tokens.sum(axis=0), rows.sum(axis=0)
+        for j in range(1, len(choices)):
+            uniform = float(token_sums[j]) / cost(float(row_sums[j]), n, float(choices[j] * n))
+            if uniform > goodput:
+                picks, goodput = np.full(n, j), uniform
+        # What a row costs between the all-plain batch and this plan, bend included (>= 0):
+        # the price a request's switch of stride is weighed at (`StridePolicy.choose`).
+        plain_rows, plan_rows = float(len(tokens)), float(rows[at, picks].sum())
+        self.row_cost = cost.b
+        if plan_rows > plain_rows:
+            extra = cost(plan_rows, 0) - cost(plain_rows, 0)
+            self.row_cost = max(extra / (plan_rows - plain_rows), 0.0)
+        # Drafting must win by a margin: where the model sees a few percent in it, what it
+        # does not price (a batch whose requests finish apart and prefill their successors
+        # one step at a time, cold first steps, the verify path's own jitter) has turned the
+        # few percent into a loss (the demo models at concurrency 8: 3% expected, 8% lost).
+        # A batch that decodes plainly needs more to start (`enter_margin`): at concurrency
+        # 16 joint probes nudged plans 5-6% over plain, the whole batch drafted, the cost fit
+        # raised d, and it went back within 15 steps, paying the switches both ways.
+        plain = len(tokens) / cost(len(tokens), 0)
+        margin = self.config.plain_margin if self.drafts else self.config.enter_margin
+        self.drafts = plain * (1.0 + margin) < goodput
+        if not self.drafts:
+            return [0] * len(tokens), plain
+        return [choices[i] for i in picks.tolist()], goodput
