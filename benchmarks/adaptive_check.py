@@ -81,6 +81,22 @@ def isd_rounds(llm) -> int:
     return state["num_steps"] if state else 0
 
 
+def policy_at(llm, c: int, before: dict) -> dict:
+    """Print what the adaptive engine did at concurrency c (its request-steps by stride, since
+    `before`) and what its step cost fit holds after it; returns the strides chosen so far."""
+    (state,) = llm.collective_rpc("idlm_state")
+    chosen = {int(k): v for k, v in state["strides_chosen"].items()}
+    delta = {k: v - before.get(k, 0) for k, v in chosen.items() if v - before.get(k, 0)}
+    cost = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in state["step_cost"].items())
+    acceptance = ", ".join(f"{a:.2f}" for a in state["engine_acceptance"])
+    print(
+        f"  adaptive at c = {c}: request-steps by stride {delta}; fit (ms) {cost}; "
+        f"acceptance {acceptance}",
+        flush=True,
+    )
+    return chosen
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=Path("~/.cache/vllm-idlm/demo"))
@@ -101,6 +117,14 @@ def main() -> None:
         help="each prompt its own max_tokens, spread over [max_tokens / 2, 3 max_tokens / 2)",
     )
     ap.add_argument("--lora", type=Path, default=None, help="lossless ISD: MODELS/base + DIR")
+    ap.add_argument(
+        "--warmup-c",
+        type=int,
+        default=0,
+        help="warm every engine up (untimed) on 4c extra prompts at this concurrency first, "
+        "so that no engine meets its largest batches (their shapes, the KV cache's pages) "
+        "for the first time in a timed round",
+    )
     args = ap.parse_args()
     args.models = args.models.expanduser()
     model = args.models / ("base" if args.lora else "idlm")
@@ -120,7 +144,8 @@ def main() -> None:
             print(f"  c = {c}: {args.prompts} prompts per round, under 4c: the drain weighs more")
         return args.prompts
 
-    count = max(per_round(c) for c in args.c) * args.rounds
+    timed = max(per_round(c) for c in args.c) * args.rounds
+    count = timed + 4 * args.warmup_c
     if args.lora:
         from chat_bench import chat_prompts
 
@@ -133,6 +158,7 @@ def main() -> None:
         SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
         for n in output_lengths(args.max_tokens, count, args.mixed_lengths)
     ]
+    warmup = prompts[timed:]
     engines = {}
     for name in args.methods:
         spec = parse_method(name)
@@ -153,9 +179,19 @@ def main() -> None:
             print(f"  adaptive: step cost measured at engine start {cost}", flush=True)
             bend = ", ".join(f"{r}: {s * 1e3:+.2f}" for r, s in state["step_cost_bend"])
             print(f"  adaptive: over the line, ms at rows {{{bend}}}", flush=True)
-        timed_generate(engines[name], prompts[:2], params[:2], concurrency=2)  # warm-up
+        # Warm-up, untimed: two requests, or with --warmup-c a round at that concurrency from
+        # the end of the prompt list (prompts no timed round uses).
+        if args.warmup_c:
+            extra = warmup[: 4 * args.warmup_c]
+            timed_generate(engines[name], extra, params[: len(extra)], args.warmup_c)
+        else:
+            timed_generate(engines[name], prompts[:2], params[:2], concurrency=2)
 
     names = list(engines)
+    chosen_before = {}  # the adaptive engine's request-steps by stride before this c
+    if "adaptive" in engines:
+        (state,) = engines["adaptive"].collective_rpc("idlm_state")
+        chosen_before = {int(k): v for k, v in state["strides_chosen"].items()}
     for c in args.c:
         size = per_round(c, warn=True)
         seconds = dict.fromkeys(names, 0.0)
@@ -178,6 +214,8 @@ def main() -> None:
                 # Every token but a request's first (its prefill's) came from a round.
                 round_tokens[name] += result.num_tokens - len(batch)
         rate = {n: tokens[n] / seconds[n] for n in names}
+        if "adaptive" in engines:
+            chosen_before = policy_at(engines["adaptive"], c, chosen_before)
         plain = rate.get("plain")
         fixed = [rate[n] for n in names if n.startswith("K=")]
         best_fixed = max(fixed) if fixed else None
