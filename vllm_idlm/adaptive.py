@@ -8,7 +8,8 @@ The acceptance estimates are per request and per position (an exponential moving
 weight `ema`, of the conditional acceptance a_j = r_j / r_{j-1}, started from the engine-wide
 estimate, a slower average of weight `engine_ema` over all requests' verdicts), and the
 policy keeps a request's k unless the change gains more than `hysteresis` and the request
-has kept its k for `min_dwell` steps. Positions a request no longer drafts are not left
+has kept its k for `min_dwell` steps (but where the batch's plan is plain decoding, every
+request stops drafting at once). Positions a request no longer drafts are not left
 unobserved: their estimates move back toward the engine-wide one (a fraction `relax` per
 step), so that a request that left a position on a few unlucky rejections drafts it again and
 its verdicts decide anew, and every `probe_every` steps it drafts one position more than it
@@ -168,11 +169,23 @@ class StridePolicy:
         probe_plain = not plain and self._plain_probe_due(best, goodput)
         self.probing_plain = probe_plain
         chosen, probed, drafted = [], 0, False
+        batch_drafts = any(best)
         for i, (state, k_new) in enumerate(zip(states, best, strict=True)):
             state.steps += 1
             state.dwell += 1
             if state.k < 0:  # a new request starts at the batch's best choice
                 state.k, state.dwell = k_new, 0
+            elif state.k and not batch_drafts:
+                # The batch's plan is plain decoding: every request stops drafting at once,
+                # dwell or not. One that kept its k would keep every step of the whole batch
+                # on the speculative path, which the plan weighed only as a whole
+                # (`BatchPlanner.best`, with its own margins against flapping). On the demo
+                # models at concurrency 64 the fit put those steps at ~7 ms over their rows,
+                # a plain step at ~14 ms; at concurrency 32 then 64, with the dwell kept
+                # here the engine ran 139 speculative steps of 2141 and 0.89x plain
+                # decoding at 64, without it 72 of 2144 and 0.99x (RESULTS.md,
+                # twenty-eighth session).
+                state.k, state.dwell = 0, 0
             elif k_new != state.k and state.dwell >= self.config.min_dwell:
                 if net is None:
                     net = self.planner.net(tokens, rows, goodput, self.planner.row_cost)
