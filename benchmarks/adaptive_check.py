@@ -81,11 +81,16 @@ def isd_rounds(llm) -> int:
     return state["num_steps"] if state else 0
 
 
+def strides_chosen(state: dict) -> dict[int, int]:
+    """The adaptive engine's request-steps by stride so far, from its `idlm_state`."""
+    return {int(k): v for k, v in state["strides_chosen"].items()}
+
+
 def policy_at(llm, c: int, before: dict) -> dict:
     """Print what the adaptive engine did at concurrency c (its request-steps by stride, since
     `before`) and what its step cost fit holds after it; returns the strides chosen so far."""
     (state,) = llm.collective_rpc("idlm_state")
-    chosen = {int(k): v for k, v in state["strides_chosen"].items()}
+    chosen = strides_chosen(state)
     delta = {k: v - before.get(k, 0) for k, v in chosen.items() if v - before.get(k, 0)}
     cost = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in state["step_cost"].items())
     acceptance = ", ".join(f"{a:.2f}" for a in state["engine_acceptance"])
@@ -191,7 +196,7 @@ def main() -> None:
     chosen_before = {}  # the adaptive engine's request-steps by stride before this c
     if "adaptive" in engines:
         (state,) = engines["adaptive"].collective_rpc("idlm_state")
-        chosen_before = {int(k): v for k, v in state["strides_chosen"].items()}
+        chosen_before = strides_chosen(state)
     for c in args.c:
         size = per_round(c, warn=True)
         seconds = dict.fromkeys(names, 0.0)
