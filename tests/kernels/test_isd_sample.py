@@ -6,7 +6,14 @@ import pytest
 import torch
 from torch import Tensor
 
-from idlm_kernels.isd_sample import filter_logits, isd_verify_and_draft_ref, target_probs
+from idlm_kernels.isd_sample import (
+    _ARGMAX_BLOCK,
+    _ARGMAX_BLOCKED_FROM,
+    argmax_rows,
+    filter_logits,
+    isd_verify_and_draft_ref,
+    target_probs,
+)
 from idlm_kernels.testing import IsdBatch, make_isd_batch
 
 NEG = -20.0
@@ -314,3 +321,25 @@ def test_emitted_tokens_follow_the_target_after_rejection_and_at_the_bonus() -> 
 
 def target_probs_rows(logits: Tensor, params: list[Tensor], mask: int) -> Tensor:
     return target_probs(logits, params[0].float(), params[1], params[2].float(), mask)
+
+
+@pytest.mark.parametrize("vocab", [2048, 5003, 49152])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocked_cpu_argmax_returns_torch_argmax_ties_nan_and_tail_included(
+    vocab: int, dtype: torch.dtype
+) -> None:
+    gen = torch.Generator().manual_seed(vocab)
+    rows = max(16, -(-_ARGMAX_BLOCKED_FROM // vocab))
+    logits = torch.randn(rows, vocab, generator=gen)
+    logits[0, [3, vocab - 1]] = 9.0  # a tie across blocks: the first wins
+    logits[1, [vocab - 2, vocab - 1]] = 9.0  # a tie in the last (short) block
+    logits[2, [_ARGMAX_BLOCK + 1, _ARGMAX_BLOCK + 7]] = 9.0  # a tie within one block
+    logits[3] = float("-inf")
+    logits[4, [5, 700]] = float("nan")  # NaN counts as the largest
+    logits[5, vocab - 1] = 9.0  # the maximum alone in the tail
+    logits[6] = 1.0  # every column ties
+    logits = logits.to(dtype)
+    assert logits.numel() >= _ARGMAX_BLOCKED_FROM and vocab >= 8 * _ARGMAX_BLOCK  # blocked path
+    assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
+    view = logits[::2]  # a strided view as well
+    assert torch.equal(argmax_rows(view), view.argmax(dim=-1))

@@ -41,10 +41,11 @@ from vllm.v1.sample.rejection_sampler import (
     apply_sampling_constraints,
 )
 
+from idlm_kernels.isd_sample import argmax_without
 from vllm_idlm.config import IsdOptions
 from vllm_idlm.engine.state import IsdState, StoredDrafts
 from vllm_idlm.slots import SlotPlan, plan_slots
-from vllm_idlm.verifier import sample_without_drafts, verify_and_draft
+from vllm_idlm.verifier import sample_without_drafts, verify_and_draft, verify_greedy
 
 logger = logging.getLogger("vllm_idlm")
 
@@ -142,6 +143,8 @@ class IsdRejectionSampler(RejectionSampler):
         """Verify every request's drafts and draft from its MASK rows; keeps the next drafts
         in the ISD state. [requests, width] int32, placeholders after the emitted tokens."""
         device = rows.device
+        if batch.all_greedy and device.type == "cpu":
+            return self._verify_greedy(batch, plan, rows, width)
         plan, stored_probs = self._stored_draft_probs(plan, batch, rows.shape[-1], device)
         step = verify_and_draft(
             rows,
@@ -166,6 +169,22 @@ class IsdRejectionSampler(RejectionSampler):
         output[:, : step.output_token_ids.shape[1]] = step.output_token_ids.to(torch.int32)
         if batch.live:
             self._record(batch, plan, num_accepted, next_ids, step.next_draft_probs)
+        return output
+
+    def _verify_greedy(
+        self, batch: _Batch, plan: SlotPlan, rows: torch.Tensor, width: int
+    ) -> torch.Tensor:
+        """`_verify_and_draft` for an all-greedy batch on CPU: one argmax over the rows, the
+        rest on the host (`verifier.verify_greedy`), in place of the reference's ~100 small
+        tensor operations (~0.3 ms a step at 8 requests on the demo models)."""
+        row_ids = argmax_without(rows, self.options.mask_token_id).tolist()
+        emitted, num_accepted, next_ids = verify_greedy(row_ids, plan.drafts, plan.num_rows_after)
+        output = torch.tensor(
+            [tokens + [PLACEHOLDER_TOKEN_ID] * (width - len(tokens)) for tokens in emitted],
+            dtype=torch.int32,
+        )
+        if batch.live:
+            self._record(batch, plan, num_accepted, next_ids, None)
         return output
 
     def _batch(self, metadata, sm) -> _Batch:
