@@ -2,7 +2,8 @@
 
     python benchmarks/step_parts.py --models ~/.cache/vllm-idlm/demo --c 16 --methods zero 1 3 adaptive
 
-For each method (`zero`: the ISD engine with a step cost under which nothing drafts; `K`: fixed
+For each method (`plain` and `plain-sync`: the same checkpoint without speculation, with and
+without vLLM's async scheduling; `zero`: the ISD engine with a step cost under which nothing drafts; `K`: fixed
 K; `adaptive`, or `adaptive{...}` with settings as in adaptive_check.py) an in-process engine
 decodes held-out prompts in a closed loop of c requests (greedy, equal lengths). Every
 `LLMEngine.step` is timed with its parts (forward, input preparation, logits, sampling,
@@ -125,14 +126,22 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     c = args.c
     for method in args.methods:
-        if method == "zero":
-            adaptive, k = NEVER_DRAFTS, 3
-        elif method.startswith("adaptive"):
-            adaptive, k = parse_method(method)["adaptive"], 3
-        else:
-            adaptive, k = False, int(method)
-        spec = {"method": "idlm", "num_speculative_tokens": k, "adaptive": adaptive}
-        llm = LLM(model=str(models / "idlm"), max_num_seqs=c, speculative_config=spec, **ENGINE)
+        extra: dict = {}
+        if method == "plain-sync":
+            extra["async_scheduling"] = False
+        elif method != "plain":
+            if method == "zero":
+                adaptive, k = NEVER_DRAFTS, 3
+            elif method.startswith("adaptive"):
+                adaptive, k = parse_method(method)["adaptive"], 3
+            else:
+                adaptive, k = False, int(method)
+            extra["speculative_config"] = {
+                "method": "idlm",
+                "num_speculative_tokens": k,
+                "adaptive": adaptive,
+            }
+        llm = LLM(model=str(models / "idlm"), max_num_seqs=c, **extra, **ENGINE)
         timed_generate(llm, prompts[:4], params, concurrency=2)  # warm-up
         steps.clear()
         run = timed_generate(llm, prompts, params, concurrency=c)
