@@ -3,7 +3,8 @@
     python benchmarks/step_parts.py --models ~/.cache/vllm-idlm/demo --c 16 --methods zero 1 3 adaptive
 
 For each method (`plain` and `plain-sync`: the same checkpoint without speculation, with and
-without vLLM's async scheduling; `zero`: the ISD engine with a step cost under which nothing drafts; `K`: fixed
+without vLLM's async scheduling, whose schedule and update parts are not timed; `zero`: the
+ISD engine with a step cost under which nothing drafts; `K`: fixed
 K; `adaptive`, or `adaptive{...}` with settings as in adaptive_check.py) an in-process engine
 decodes held-out prompts in a closed loop of c requests (greedy, equal lengths). Every
 `LLMEngine.step` is timed with its parts (forward, input preparation, logits, sampling,
