@@ -155,11 +155,16 @@ def test_joint_probes_of_a_plain_batch_are_scored_on_plain_steps(
     assert probe_steps >= GREEDY.max_tokens // 4, state["probes"]
     assert state["observed_positions"][0] > 0, state  # the probes' position has verdicts
     assert state["scoring_drafts"] == 0, state  # nothing left behind by finished requests
+    # At the end, vLLM trims the draft slots of a request that has no room left under
+    # max_tokens: the last probe's own MASK slots (then neither it nor a verify step runs)
+    # and the verify step of the one before it. How many of those the batch's last steps
+    # hit depends on how far apart its requests finish (they reach the engine process over
+    # its first steps), so up to one probe step and two verify steps may be missing.
     if score_plain:
-        assert spec_steps == probe_steps, state
-        assert state["num_scored"] >= probe_steps, state  # 16 requests scored per probe
+        assert probe_steps - 1 <= spec_steps <= probe_steps, state
+        assert state["num_scored"] >= probe_steps - 1, state  # 16 requests scored per probe
     else:
-        assert spec_steps >= 2 * probe_steps - 1, state  # the verify step after each probe
+        assert spec_steps >= 2 * probe_steps - 3, state  # the verify step after each probe
         assert state["num_scored"] == 0, state
     assert isd_outputs == plain_outputs[:16]
 
