@@ -35,8 +35,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from vllm_idlm.adaptive_config import AdaptiveConfig
 from vllm_idlm.self_check import MODEL, PLAIN, SelfCheck
 from vllm_idlm.step_cost import StepCost, StepRecord
@@ -280,6 +278,7 @@ class StridePolicy:
         return self._plain_probe[1]
 
 
-def _estimates(states: Sequence[_RequestState]) -> np.ndarray:
-    """The requests' conditional acceptance estimates, [requests, positions]."""
-    return np.array([s.conditional for s in states]).reshape(len(states), -1)
+def _estimates(states: Sequence[_RequestState]) -> list[list[float]]:
+    """The requests' conditional acceptance estimates, per request and position (the lists
+    the estimates are kept in: `BatchPlanner.plan` copies them)."""
+    return [s.conditional for s in states]

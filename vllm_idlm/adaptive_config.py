@@ -6,6 +6,7 @@ and its self-check read them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -109,6 +110,6 @@ class AdaptiveConfig:
         """The longest interval between probes (never shorter than `probe_every`)."""
         return max(self.probe_every, self.max_probe_every)
 
-    @property
+    @functools.cached_property
     def choices(self) -> tuple[int, ...]:
         return (0, *sorted(set(self.strides)))

@@ -11,7 +11,9 @@ measured at start.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 
 @dataclass
@@ -70,10 +72,12 @@ class StepCost:
         shape = self.shape
         if not shape or rows < shape[0][0] or rows > shape[-1][0]:
             return 0.0
-        for (r0, s0), (r1, s1) in zip(shape, shape[1:], strict=False):
-            if rows <= r1:
-                return s0 + (s1 - s0) * (rows - r0) / (r1 - r0)
-        return shape[-1][1]
+        i = bisect.bisect_left(shape, rows, key=_rows_of)  # the first measured R >= rows
+        r1, s1 = shape[i]
+        if not i or rows == r1:
+            return s1
+        r0, s0 = shape[i - 1]
+        return s0 + (s1 - s0) * (rows - r0) / (r1 - r0)
 
     def observe(
         self, rows: int, drafting: int, seconds: float, prompt_tokens: int = 0, masks: int = 0
@@ -165,6 +169,8 @@ class StepCost:
             return None
         return {**current, **dict(zip(free, solved, strict=True))}
 
+
+_rows_of = itemgetter(0)
 
 # A gap longer than this between one step's end and the next step's start is idle time
 # (no work queued), not the cost of the step before it.

@@ -24,6 +24,7 @@ the engine-wide one and the step cost's refits move them a little on most steps.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -71,15 +72,42 @@ def forward_tables(rates: np.ndarray, choices: Sequence[int]) -> tuple[np.ndarra
     return tokens, rows
 
 
+def forward_lists(
+    rates: Sequence[Sequence[float]], choices: Sequence[int]
+) -> tuple[list[list[float]], list[list[float]]]:
+    """`forward_tables` on lists, for small batches (`SMALL_BATCH`)."""
+    tokens, rows = [], []
+    for r in rates:
+        prefix = [0.0, *itertools.accumulate(r)]
+        tokens.append(
+            [(2.0 + prefix[k] - r[k - 1]) / (2.0 - r[k - 1]) if k else 1.0 for k in choices]
+        )
+        rows.append(
+            [
+                (2 * k + 1 + (1.0 - r[k - 1]) * (k + 1)) / (2.0 - r[k - 1]) if k else 1.0
+                for k in choices
+            ]
+        )
+    return tokens, rows
+
+
+# Batches of up to this many requests are planned on Python lists, larger ones with numpy:
+# on a handful of numbers numpy's cost per call is most of the work. A plan is made anew on
+# most steps of a small batch (each verdict moves an estimate by more than
+# `replan_tolerance`), and with numpy the policy took 73-80 us a step at 1-4 drafting
+# requests, on lists 30-48 (`benchmarks/policy_time.py`, RESULTS.md, thirtieth session).
+SMALL_BATCH = 8
+
+
 class Plan(NamedTuple):
     """The batch's best strides (`BatchPlanner.best`) and what they were made from."""
 
     req_ids: tuple[str, ...]
     strides: list[int]
     goodput: float
-    tables: tuple[np.ndarray, np.ndarray]  # tokens and rows per request and choice
+    tables: tuple  # tokens and rows per request and choice (lists or arrays, `best`)
     cost: tuple[float, ...]  # (a, b, d, e, m) of the step cost
-    conditional: np.ndarray  # the requests' acceptance estimates, [requests, positions]
+    conditional: object  # the requests' acceptance estimates: lists, or an array (`plan`)
 
 
 class BatchPlanner:
@@ -95,38 +123,52 @@ class BatchPlanner:
 
     def plan(self, req_ids: tuple[str, ...], estimates) -> Plan:
         """The plan for `req_ids`: the last one while it still holds (`holds`), else made
-        anew. `estimates()` gives the requests' conditional acceptance, [requests, positions]:
-        it is read only where the plan may have to be checked against it."""
+        anew. `estimates()` gives the requests' conditional acceptance, a list per request:
+        it is read only where the plan may have to be checked against it. Batches of up to
+        `SMALL_BATCH` requests are planned on the lists, larger ones on arrays."""
         cost = self.cost
         coefficients = (cost.a, cost.b, cost.d, cost.e, cost.m)
+        small = len(req_ids) <= SMALL_BATCH
+
+        def read():  # a copy: the plan keeps what it was made from
+            conditional = estimates()
+            if small:
+                return [list(c) for c in conditional]
+            return np.array(conditional, dtype=float).reshape(len(req_ids), -1)
+
         plan, conditional = self.decision, None
         if plan is not None and plan.req_ids == req_ids:
             if self.estimates_moved:
-                conditional = estimates()
+                conditional = read()
             if self.holds(plan, coefficients, conditional):
                 return plan
         if conditional is None:
-            conditional = estimates()
-        tokens, rows = forward_tables(np.cumprod(conditional, axis=1), self.config.choices)
+            conditional = read()
+        if small:
+            tokens, rows = forward_lists([cumulative(c) for c in conditional], self.config.choices)
+        else:
+            tokens, rows = forward_tables(np.cumprod(conditional, axis=1), self.config.choices)
         strides, goodput = self.best(tokens, rows)
         self.estimates_moved = False
         self.decision = Plan(req_ids, strides, goodput, (tokens, rows), coefficients, conditional)
         return self.decision
 
-    def holds(
-        self, plan: Plan, coefficients: tuple[float, ...], conditional: np.ndarray | None
-    ) -> bool:
+    def holds(self, plan: Plan, coefficients: tuple[float, ...], conditional) -> bool:
         """Whether `plan` still stands: no acceptance estimate moved by more than
-        `replan_tolerance` since it was made (`conditional`: the estimates now, None where none
-        changed), nor the predicted time of any step of the batch by more than that fraction.
-        A step of n requests has at most n (2K + 1) rows, n drafting requests and n K MASK
-        slots, so the coefficients' changes bound how far any plan's time moved."""
+        `replan_tolerance` since it was made (`conditional`: the estimates now, lists or an
+        array as `plan` read them, None where none changed), nor the predicted time of any
+        step of the batch by more than that fraction. A step of n requests has at most
+        n (2K + 1) rows, n drafting requests and n K MASK slots, so the coefficients' changes
+        bound how far any plan's time moved."""
         tolerance = self.config.replan_tolerance
-        moved = (
-            0.0 if conditional is None else float(np.max(np.abs(conditional - plan.conditional)))
-        )
-        if moved > tolerance:
-            return False
+        if isinstance(conditional, np.ndarray):
+            if float(np.max(np.abs(conditional - plan.conditional))) > tolerance:
+                return False
+        elif conditional is not None:
+            for now, then in zip(conditional, plan.conditional, strict=True):
+                for x, y in zip(now, then, strict=True):
+                    if abs(x - y) > tolerance:
+                        return False
         if coefficients == plan.cost:
             return True
         n, k = len(plan.req_ids), self.config.max_drafts
@@ -150,6 +192,7 @@ class BatchPlanner:
         each drafting request adds to the step beyond its rows and m what each of its k MASK
         slots adds; `row_cost` in place of b."""
         b = self.cost.b if row_cost is None else row_cost
+        tokens, rows = np.asarray(tokens, dtype=float), np.asarray(rows, dtype=float)
         return tokens - goodput * (b * rows + self.per_request())
 
     def per_request(self) -> np.ndarray:
@@ -158,11 +201,25 @@ class BatchPlanner:
         per_request[0] = 0.0
         return per_request
 
-    def best(self, tokens: np.ndarray, rows: np.ndarray) -> tuple[list[int], float]:
-        """`best_strides` over per-request tokens and rows per choice ([requests, choices])."""
-        choices, cost = self.config.choices, self.cost
+    def best(self, tokens, rows) -> tuple[list[int], float]:
+        """`best_strides` over per-request tokens and rows per choice ([requests, choices]:
+        lists of up to `SMALL_BATCH` requests, arrays beyond)."""
         if not len(tokens):
             return [], 0.0
+        if len(tokens) <= SMALL_BATCH:
+            tokens = tokens.tolist() if isinstance(tokens, np.ndarray) else tokens
+            rows = rows.tolist() if isinstance(rows, np.ndarray) else rows
+            picks, goodput, token_sums, row_sums = self._iterate_lists(tokens, rows)
+        else:
+            picks, goodput, token_sums, row_sums = self._iterate_arrays(
+                np.asarray(tokens, dtype=float), np.asarray(rows, dtype=float)
+            )
+        return self._settle(len(tokens), picks, goodput, token_sums, row_sums, rows)
+
+    def _iterate_arrays(self, tokens: np.ndarray, rows: np.ndarray):
+        """Dinkelbach's iteration on arrays: the picks (indices into the choices), their
+        goodput, and the tables' column sums."""
+        choices, cost = self.config.choices, self.cost
         at = np.arange(len(tokens))
         strides = np.asarray(choices)
 
@@ -181,17 +238,50 @@ class BatchPlanner:
             if abs(new - goodput) <= 1e-9 * goodput:
                 break
             goodput = new
+        return picks.tolist(), goodput, tokens.sum(axis=0).tolist(), rows.sum(axis=0).tolist()
+
+    def _iterate_lists(self, tokens: list[list[float]], rows: list[list[float]]):
+        """`_iterate_arrays` on lists (the same steps, ties to the first choice as argmax)."""
+        choices, cost = self.config.choices, self.cost
+        per_request = self.per_request().tolist()
+        width = range(len(choices))
+
+        def value(picks: list[int]) -> float:
+            drafting = sum(1 for p in picks if p)
+            picked_rows = sum(r[p] for r, p in zip(rows, picks, strict=True))
+            return sum(t[p] for t, p in zip(tokens, picks, strict=True)) / cost(
+                picked_rows, drafting, float(sum(choices[p] for p in picks))
+            )
+
+        picks = [len(choices) - 1] * len(tokens)
+        goodput = value(picks)
+        priced = [[cost.b * x + per_request[j] for j, x in enumerate(r)] for r in rows]
+        for _ in range(16):
+            picks = []
+            for t, q in zip(tokens, priced, strict=True):
+                nets = [t[j] - goodput * q[j] for j in width]
+                picks.append(nets.index(max(nets)))
+            new = value(picks)
+            if abs(new - goodput) <= 1e-9 * goodput:
+                break
+            goodput = new
+        token_sums = [sum(col) for col in zip(*tokens, strict=True)]
+        return picks, goodput, token_sums, [sum(col) for col in zip(*rows, strict=True)]
+
+    def _settle(self, n: int, picks: list[int], goodput: float, token_sums, row_sums, rows):
+        """The iteration's plan against one stride for all and against plain decoding."""
+        choices, cost = self.config.choices, self.cost
         # The iteration prices rows on the line (b per row); the step cost also bends away
         # from it at small batches (`StepCost.bend`), which only whole plans show: one stride
         # for every request is weighed too.
-        n, token_sums, row_sums = len(tokens), tokens.sum(axis=0), rows.sum(axis=0)
         for j in range(1, len(choices)):
-            uniform = float(token_sums[j]) / cost(float(row_sums[j]), n, float(choices[j] * n))
+            uniform = token_sums[j] / cost(row_sums[j], n, float(choices[j] * n))
             if uniform > goodput:
-                picks, goodput = np.full(n, j), uniform
+                picks, goodput = [j] * n, uniform
         # What a row costs between the all-plain batch and this plan, bend included (>= 0):
         # the price a request's switch of stride is weighed at (`StridePolicy.choose`).
-        plain_rows, plan_rows = float(len(tokens)), float(rows[at, picks].sum())
+        plain_rows = float(n)
+        plan_rows = float(sum(r[p] for r, p in zip(rows, picks, strict=True)))
         self.row_cost = cost.b
         if plan_rows > plain_rows:
             extra = cost(plan_rows, 0) - cost(plain_rows, 0)
@@ -203,9 +293,9 @@ class BatchPlanner:
         # A batch that decodes plainly needs more to start (`enter_margin`): at concurrency
         # 16 joint probes nudged plans 5-6% over plain, the whole batch drafted, the cost fit
         # raised d, and it went back within 15 steps, paying the switches both ways.
-        plain = len(tokens) / cost(len(tokens), 0)
+        plain = n / cost(n, 0)
         margin = self.config.plain_margin if self.drafts else self.config.enter_margin
         self.drafts = plain * (1.0 + margin) < goodput
         if not self.drafts:
-            return [0] * len(tokens), plain
-        return [choices[i] for i in picks.tolist()], goodput
+            return [0] * n, plain
+        return [choices[i] for i in picks], goodput

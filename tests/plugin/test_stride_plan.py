@@ -9,8 +9,10 @@ import pytest
 from vllm_idlm.adaptive_config import AdaptiveConfig
 from vllm_idlm.step_cost import StepCost
 from vllm_idlm.stride_plan import (
+    SMALL_BATCH,
     BatchPlanner,
     cumulative,
+    forward_lists,
     forward_tables,
     rows_per_forward,
     tokens_per_forward,
@@ -101,6 +103,53 @@ def test_the_batchs_tables_at_once_are_the_per_request_formulas():
         assert tokens[i].tolist() == pytest.approx([tokens_per_forward(r, k) for k in choices])
         assert rows[i].tolist() == pytest.approx([rows_per_forward(r, k) for k in choices])
     assert [t.shape for t in forward_tables(np.zeros((0, 4)), choices)] == [(0, 4), (0, 4)]
+    list_tokens, list_rows = forward_lists(rates, choices)  # small batches' tables
+    assert np.array(list_tokens) == pytest.approx(tokens, rel=1e-12)
+    assert np.array(list_rows) == pytest.approx(rows, rel=1e-12)
+
+
+def test_small_batches_are_planned_on_lists_as_on_arrays():
+    """The plan of a batch of up to `SMALL_BATCH` requests is made on Python lists: the same
+    strides and goodput as the numpy iteration gives the same batch, over random estimates
+    and step costs (the bend, drafting requests' and MASK slots' costs included), and both
+    margins."""
+    rng = np.random.default_rng(1)
+    config = AdaptiveConfig(strides=(1, 2, 3))
+    agreed, drafted, mixed = 0, 0, 0
+    for trial in range(400):
+        n = int(rng.integers(1, SMALL_BATCH + 1))
+        conditional = rng.uniform(0.05, 0.99, size=(n, 3))
+        rates = [cumulative(row) for row in conditional.tolist()]
+        cost = StepCost(
+            a=float(rng.uniform(1e-3, 1e-2)),
+            b=float(rng.uniform(1e-5, 1e-3)),
+            d=float(rng.uniform(0, 1e-3)),
+            e=float(rng.uniform(0, 5e-4)),
+            m=float(rng.uniform(0, 1e-4)),
+            shape=[(1, 3e-4), (2, 1e-4), (4, -2e-4), (8, 0.0), (32, 1e-4)] if trial % 2 else [],
+        )
+        plans = []
+        for path in ("lists", "arrays"):
+            planner = BatchPlanner(config, cost)
+            planner.drafts = bool(trial % 3)  # which margin applies
+            tokens, rows = forward_tables(np.array(rates), config.choices)
+            if path == "lists":
+                picks = planner._iterate_lists(tokens.tolist(), rows.tolist())
+            else:
+                picks = planner._iterate_arrays(tokens, rows)
+            plans.append(planner._settle(n, *picks, rows.tolist()) + (planner.row_cost,))
+        (strides, goodput, row_cost), (want_strides, want_goodput, want_row_cost) = plans
+        assert strides == want_strides, (trial, conditional, cost)
+        assert goodput == pytest.approx(want_goodput, rel=1e-12)
+        assert row_cost == pytest.approx(want_row_cost, rel=1e-9, abs=1e-15)
+        agreed += 1
+        drafted += any(strides)
+        mixed += len(set(strides)) > 1
+    # The trials reach plain plans, drafting plans and plans that mix strides.
+    assert agreed == 400 and 40 < drafted < 360 and mixed > 20, (drafted, mixed)
+    small = BatchPlanner(config, StepCost(a=0.004, b=5e-5, d=2e-4))
+    rates = [cumulative([0.7] * 3)] * 3
+    assert small.best_strides(rates) == small.best(*forward_lists(rates, config.choices))
 
 
 def test_memory_bound_steps_draft_the_most_compute_bound_steps_decode_plainly():
