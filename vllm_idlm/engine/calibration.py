@@ -2,18 +2,19 @@
 
 Two measurements on dummy steps, off the request path:
 
-- c(R) = a + b R: dummy forwards of R query rows, each with the logits and the argmax a
-  plain step computes for every row, fitted by least squares over R = 1 .. 512. The online
+- c(R) = a + b R: dummy forwards of R query rows, one request each, attending over
+  `CONTEXT` tokens of context, each with the logits and the argmax a plain step computes for
+  every row, fitted by least squares over R = 1 .. 512. The online
   fit starts from a and keeps b near this measurement (a ridge, `StepCost.anchor_b`). What
   each measured R leaves over the line is kept as it is (`StepCost.bend`): small batches
   bend away from any line.
 - floors for d, the speculative path's fixed cost, and e, its cost per drafting request,
   and m, what each MASK slot adds: steps of one request at each trained stride k and of
   `MANY_REQUESTS` at the smallest (1 + 2k rows each: the last token, k drafts, k MASK
-  slots) against plain steps of as many rows, d + e + m k and d + e n + m k n. The
-  difference is what a dummy step can show of the speculative path: the gated adapter's
-  pass over the MASK rows (lossless mode) and the ISD sampler's verify-and-draft pass
-  against an argmax. Online timing of real steps can only raise d and e above them; m is
+  slots, in one query over the same context) against plain steps of as many rows, d + e +
+  m k and d + e n + m k n. The difference is what a dummy step can show of the speculative
+  path: one request's rows in one query, the gated adapter's pass over the MASK rows
+  (lossless mode) and the ISD sampler's pass against an argmax. Online timing of real steps can only raise d and e above them; m is
   held as measured. Without the floor, d is fitted from the few steps that draft, and at
   concurrency 1 every such step is also a step with more rows: d and b are nearly
   collinear there, and a fit that put d at 0 priced drafting below what it costs.
@@ -25,33 +26,77 @@ import logging
 import time
 
 import torch
+from vllm.config import CUDAGraphMode
 
+from idlm_kernels.isd_sample import argmax_without
 from vllm_idlm.engine.proposer import IsdProposer
 from vllm_idlm.step_cost import least_squares, solve_floors
-from vllm_idlm.verifier import verify_and_draft
+from vllm_idlm.verifier import verify_and_draft, verify_greedy
 
 logger = logging.getLogger("vllm_idlm")
 
 
+# The context every dummy step attends over (tokens per request, at most max_model_len).
+# Without attention metadata a dummy forward skips attention altogether: the line through
+# such steps priced a query row at 0.04 ms on the demo models, and the stride-3 step at one
+# request 0.04 ms over the stride-2 step, where the engine's real steps differed by 0.3-0.6
+# ms (RESULTS.md, thirtieth session). 256 is about what the benchmarks' requests hold
+# (prompts of 64-128 tokens, 64-256 generated).
+CONTEXT = 256
+
+
+def _seq_len(runner, query_len: int) -> int:
+    """Tokens of context a dummy request of `query_len` query rows attends over."""
+    return min(max(CONTEXT, query_len), runner.model_config.max_model_len)
+
+
 def _plain_rows(runner, rows: int) -> None:
-    """A dummy forward of `rows` query rows, with the logits and argmax of every row."""
-    hidden, _ = runner._dummy_run(rows)
+    """A dummy forward of `rows` query rows, one per request (as many requests as the
+    engine runs at once, the rows shared between them beyond that) over `CONTEXT` tokens
+    each, with the logits and argmax of every row."""
+    per_request = -(-rows // min(rows, runner.scheduler_config.max_num_seqs))
+    hidden, _ = runner._dummy_run(
+        rows, force_attention=True, profile_seq_lens=_seq_len(runner, per_request)
+    )
     runner.model.compute_logits(hidden).argmax(dim=-1).cpu()
 
 
 def _speculative_rows(runner, k: int, mask_token_id: int, requests: int = 1) -> None:
-    """A step of `requests` requests at stride k: 1 + 2k rows each, whose last k are MASK
-    slots (the gated adapter, if any, opens on them), then the ISD sampler's pass over them
-    and its one sync."""
+    """A step of `requests` requests at stride k: 1 + 2k query rows each over `CONTEXT`
+    tokens, whose last k are MASK slots (the gated adapter, if any, opens on them), then
+    the ISD sampler's pass over them as an all-greedy batch takes it (`_sampler_pass`)."""
     rows = 1 + 2 * k
     ids = runner.input_ids.gpu
     for i in range(requests):
         ids[i * rows + rows - k : (i + 1) * rows] = mask_token_id
+    uniform = runner.uniform_decode_query_len
+    runner.uniform_decode_query_len = rows  # the dummy batch's query rows per request
     try:
-        hidden, _ = runner._dummy_run(rows * requests)
+        # Eager: a graph captured for vLLM's own uniform query length would not fit.
+        hidden, _ = runner._dummy_run(
+            rows * requests,
+            cudagraph_runtime_mode=CUDAGraphMode.NONE,
+            force_attention=True,
+            uniform_decode=True,
+            profile_seq_lens=_seq_len(runner, rows),
+        )
     finally:
+        runner.uniform_decode_query_len = uniform
         ids[: rows * requests] = 0
-    logits = runner.model.compute_logits(hidden).float()
+    _sampler_pass(runner.model.compute_logits(hidden), k, requests, mask_token_id)
+
+
+def _sampler_pass(logits: torch.Tensor, k: int, requests: int, mask_token_id: int) -> None:
+    """What the ISD sampler does with an all-greedy step of `requests` requests at stride k
+    (k drafts and k MASK slots each): on CPU, one argmax and the host pass
+    (`IsdRejectionSampler._verify_greedy`), elsewhere the verify-and-draft pass and its one
+    sync. The floors are the cheapest path's: the online fit raises d where sampled
+    batches cost more."""
+    if logits.device.type == "cpu":
+        row_ids = argmax_without(logits, mask_token_id).tolist()
+        verify_greedy(row_ids, [[0] * k] * requests, [k] * requests)
+        return
+    logits = logits.float()
     device = logits.device
     step = verify_and_draft(
         logits,
@@ -110,16 +155,22 @@ def calibrate(
     """Measure a, b and the floors of d and e for `policy`'s cost model; returns the seconds
     it took. Each row count is timed once per round, the least of `repeats` rounds kept: a
     burst of load on the machine then reaches one timing of every size, not every timing of
-    one (neighbouring sizes are compared in the bend)."""
-    limit = runner.scheduler_config.max_num_batched_tokens
+    one (neighbouring sizes are compared in the bend). Largest first: a small forward timed
+    right after the 512-row one ran 0.5 ms slow on the demo models (its caches evicted),
+    which the bend took for the shape of one-row steps."""
+    scheduler = runner.scheduler_config
+    limit = min(
+        scheduler.max_num_batched_tokens,
+        scheduler.max_num_seqs * runner.model_config.max_model_len,
+    )
     began = time.perf_counter()
-    best = dict.fromkeys(sorted({min(s, limit) for s in sizes}), float("inf"))
+    best = dict.fromkeys(sorted({min(s, limit) for s in sizes}, reverse=True), float("inf"))
     for _ in range(repeats):
         for rows in best:
             start = time.perf_counter()
             _plain_rows(runner, rows)
             best[rows] = min(best[rows], time.perf_counter() - start)
-    points = list(best.items())
+    points = sorted(best.items())
     cost = policy.cost
     fit = least_squares(points)
     if fit is not None and fit[0] > 0 and fit[1] > 0:
