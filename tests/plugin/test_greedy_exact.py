@@ -25,7 +25,7 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
         (4, 64, {"step_ms": 40, "row_ms": 0.1}),
         (4, 16, None),
         (3, 8, {"self_check": True, "check_window": 4, "check_hold": 8}),
-        (3, 4, {"plain_probe_every": 2, "plain_margin": 0, "enter_margin": 0}),
+        (3, 4, {"plain_probe_every": 3, "plain_margin": 0, "enter_margin": 0}),
     ],
     ids=[
         "K1-batch64",
@@ -56,11 +56,13 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
     the strides vary on any machine (measured here, K = 0..2 at batch 1, 0..3 at 64).
     `None` is the default config: adaptive, with the step cost this machine measures; the
     self-check case switches between the policy's strides and plain decoding every few steps;
-    the plain-probe case, on the measured cost, holds a drafting batch plain every other step
-    where the steps' time leaves what drafting costs in doubt, dropping the drafts in hand.
+    the plain-probe case, on the measured cost, holds a drafting batch plain every third step
+    where the steps' time leaves what drafting costs in doubt, dropping the drafts in hand
+    (every other step, each cold step's drafts would be dropped before any was verified).
     That doubt is set (`doubt_start`): left to the machine, it arises only where engine steps
     happen to cost more than the dummy steps timed at start (CI once measured none, and no
-    probe came). At batch 4 the plan drafts often enough to be probed (382 plain steps here)."""
+    probe came). At batch 4 the plan drafts often enough to be probed (382 plain steps here
+    with probes every other step)."""
     assert len(heldout_prompts) >= 64
     extra = None if adaptive is None else {"adaptive": adaptive}
     probing = isinstance(adaptive, dict) and "plain_probe_every" in adaptive

@@ -27,15 +27,17 @@ PRESSURE = dict(SHARED, num_gpu_blocks_override=40, max_num_batched_tokens=64, m
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 # (checkpoint, gated adapter, adaptive): fixed K = 3; the adaptive policy with a pinned step
 # cost under which it mixes strides 0..3; and the adaptive policy on the cost it measures,
-# holding the whole batch plain every other step while it drafts (plain probes: a probed
-# step drops the drafts in hand; no margin over plain decoding, so that its plans draft
+# holding the whole batch plain every third step while it drafts (plain probes: a probed
+# step drops the drafts in hand, so that held every other step, a batch that drafts on all
+# the others verifies no draft: each cold step's drafts are dropped by the probe after it;
+# no margin over plain decoding, so that its plans draft
 # wherever they are expected to gain at all, and there is something to probe; the doubt
 # that calls for a probe is set, `doubt_start`, rather than left to the machine's timings).
 MODES = {
     "isd": ("idlm", None, False),
     "lossless": ("base", "lora", False),
     "adaptive": ("idlm", None, {"step_ms": 40, "row_ms": 0.02}),
-    "probing": ("idlm", None, {"plain_probe_every": 2, "plain_margin": 0, "enter_margin": 0}),
+    "probing": ("idlm", None, {"plain_probe_every": 3, "plain_margin": 0, "enter_margin": 0}),
 }
 
 
