@@ -24,7 +24,6 @@ the engine-wide one and the step cost's refits move them a little on most steps.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -76,19 +75,8 @@ def forward_lists(
     rates: Sequence[Sequence[float]], choices: Sequence[int]
 ) -> tuple[list[list[float]], list[list[float]]]:
     """`forward_tables` on lists, for small batches (`SMALL_BATCH`)."""
-    tokens, rows = [], []
-    for r in rates:
-        prefix = [0.0, *itertools.accumulate(r)]
-        tokens.append(
-            [(2.0 + prefix[k] - r[k - 1]) / (2.0 - r[k - 1]) if k else 1.0 for k in choices]
-        )
-        rows.append(
-            [
-                (2 * k + 1 + (1.0 - r[k - 1]) * (k + 1)) / (2.0 - r[k - 1]) if k else 1.0
-                for k in choices
-            ]
-        )
-    return tokens, rows
+    tokens = [[tokens_per_forward(r, k) for k in choices] for r in rates]
+    return tokens, [[rows_per_forward(r, k) for k in choices] for r in rates]
 
 
 # Batches of up to this many requests are planned on Python lists, larger ones with numpy:
