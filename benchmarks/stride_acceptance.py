@@ -56,9 +56,7 @@ def main() -> None:
         run = timed_generate(llm, prompts, params, concurrency=args.c)
         metrics = run.metrics
         warm = metrics.num_draft_tokens / k  # every warm round carries k drafts
-        passed = list(metrics.accepted_per_position)
-        offered = [warm, *passed[:-1]]
-        conditional = [p / o if o else 0.0 for p, o in zip(passed, offered, strict=True)]
+        conditional = metrics.acceptance_per_position
         formula = tokens_per_forward(cumulative(conditional), k)
         tokens = sum(len(o) for o in run.outputs)
         print(
