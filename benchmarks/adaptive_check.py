@@ -8,8 +8,12 @@ take turns, round after round, each round in a rotated order, on the same held-o
 (greedy, a closed loop of c requests). Interleaving puts every method under the same machine
 load, so the ratios hold on a busy machine where back-to-back runs drift. Prints tok/s, the
 ratio to plain (and the least and largest of the rounds' own ratios), to the best fixed K,
-ISD's tokens per round (forward with draft slots), and, for adaptive, what the policy
-believes (step cost, acceptance, strides chosen).
+ISD's tokens per round (forward with draft slots), and, for each adaptive engine
+(`adaptive`, `adaptive{...}` with settings), what its policy believes (step cost as measured
+at start and fitted, acceptance, strides chosen). Engines start 1.5 s apart, so that one's
+measurements at start do not share the machine with the last one's spinning workers.
+Two engines of the same method differ by several points here (RESULTS.md, thirty-second
+session, an A/A run): a difference between adaptive settings smaller than that needs repeats.
 `--methods plain zero-draft` measures what a step costs on the ISD path when no request drafts.
 `--lora DIR` runs lossless ISD instead: MODELS/base with the gated adapter DIR, on held-out chat
 prompts under the base's chat template (the real model: `--models ~/.cache/vllm-idlm/smollm2
@@ -86,8 +90,8 @@ def strides_chosen(state: dict) -> dict[int, int]:
     return {int(k): v for k, v in state["strides_chosen"].items()}
 
 
-def policy_at(llm, c: int, before: dict) -> dict:
-    """Print what the adaptive engine did at concurrency c (its request-steps by stride, since
+def policy_at(llm, name: str, c: int, before: dict) -> dict:
+    """Print what an adaptive engine did at concurrency c (its request-steps by stride, since
     `before`) and what its step cost fit holds after it; returns the strides chosen so far."""
     (state,) = llm.collective_rpc("idlm_state")
     chosen = strides_chosen(state)
@@ -95,7 +99,7 @@ def policy_at(llm, c: int, before: dict) -> dict:
     cost = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in state["step_cost"].items())
     acceptance = ", ".join(f"{a:.2f}" for a in state["engine_acceptance"])
     print(
-        f"  adaptive at c = {c}: request-steps by stride {delta}; fit (ms) {cost}; "
+        f"  {name} at c = {c}: request-steps by stride {delta}; fit (ms) {cost}; "
         f"acceptance {acceptance}",
         flush=True,
     )
@@ -166,6 +170,10 @@ def main() -> None:
     warmup = prompts[timed:]
     engines = {}
     for name in args.methods:
+        # The engine measures its step cost as it starts: the last engine's workers, still
+        # spinning after its warm-up, would take a core from those measurements.
+        if engines:
+            time.sleep(QUIET_S)
         spec = parse_method(name)
         if spec is not None and spec.get("adaptive", False) is not False:
             spec.setdefault("num_speculative_tokens", args.max_k)
@@ -178,12 +186,12 @@ def main() -> None:
             **ENGINE,
             **({"async_scheduling": False} if name == "plain-sync" else {}),
         )
-        if name == "adaptive":
+        if name.startswith("adaptive"):
             (state,) = engines[name].collective_rpc("idlm_state")
             cost = {k: f"{v * 1e3:.2f} ms" for k, v in state["step_cost"].items()}
-            print(f"  adaptive: step cost measured at engine start {cost}", flush=True)
+            print(f"  {name}: step cost measured at engine start {cost}", flush=True)
             bend = ", ".join(f"{r}: {s * 1e3:+.2f}" for r, s in state["step_cost_bend"])
-            print(f"  adaptive: over the line, ms at rows {{{bend}}}", flush=True)
+            print(f"  {name}: over the line, ms at rows {{{bend}}}", flush=True)
         # Warm-up, untimed: two requests, or with --warmup-c a round at that concurrency from
         # the end of the prompt list (prompts no timed round uses).
         if args.warmup_c:
@@ -193,10 +201,12 @@ def main() -> None:
             timed_generate(engines[name], prompts[:2], params[:2], concurrency=2)
 
     names = list(engines)
-    chosen_before = {}  # the adaptive engine's request-steps by stride before this c
-    if "adaptive" in engines:
-        (state,) = engines["adaptive"].collective_rpc("idlm_state")
-        chosen_before = strides_chosen(state)
+    # Each adaptive engine's request-steps by stride before this c.
+    adaptive = [n for n in names if n.startswith("adaptive")]
+    chosen_before = {}
+    for name in adaptive:
+        (state,) = engines[name].collective_rpc("idlm_state")
+        chosen_before[name] = strides_chosen(state)
     for c in args.c:
         size = per_round(c, warn=True)
         seconds = dict.fromkeys(names, 0.0)
@@ -219,8 +229,8 @@ def main() -> None:
                 # Every token but a request's first (its prefill's) came from a round.
                 round_tokens[name] += result.num_tokens - len(batch)
         rate = {n: tokens[n] / seconds[n] for n in names}
-        if "adaptive" in engines:
-            chosen_before = policy_at(engines["adaptive"], c, chosen_before)
+        for name in adaptive:
+            chosen_before[name] = policy_at(engines[name], name, c, chosen_before[name])
         plain = rate.get("plain")
         fixed = [rate[n] for n in names if n.startswith("K=")]
         best_fixed = max(fixed) if fixed else None
@@ -232,7 +242,7 @@ def main() -> None:
                     line += " ({:.2f}-{:.2f} by round)".format(
                         *spread(per_round_rate[name], per_round_rate["plain"])
                     )
-            if best_fixed and name == "adaptive":
+            if best_fixed and name.startswith("adaptive"):
                 line += f"  {rate[name] / best_fixed:5.2f}x best fixed K"
             if rounds[name] and name.startswith("K="):
                 line += f"  {round_tokens[name] / rounds[name]:.2f} tokens per ISD round"
