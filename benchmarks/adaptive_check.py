@@ -77,12 +77,12 @@ def output_lengths(max_tokens: int, count: int, mixed: bool) -> list[int]:
     return [max(1, int(max_tokens * (0.5 + (i * golden) % 1.0))) for i in range(count)]
 
 
-def isd_rounds(llm) -> int:
-    """Forwards of requests that carried draft slots so far (0 without ISD). From the
-    worker's own counters: with several engines in one process vLLM's metrics registry
-    holds only the last engine's."""
+def isd_counts(llm) -> tuple[int, int]:
+    """Forwards of requests that carried draft slots so far, and the engine's forwards of all
+    kinds (prefills too); (0, 0) without ISD. From the worker's own counters: with several
+    engines in one process vLLM's metrics registry holds only the last engine's."""
     (state,) = llm.collective_rpc("idlm_state")
-    return state["num_steps"] if state else 0
+    return (state["num_steps"], state["decode_rows"]["steps"]) if state else (0, 0)
 
 
 def strides_chosen(state: dict) -> dict[int, int]:
@@ -212,6 +212,7 @@ def main() -> None:
         seconds = dict.fromkeys(names, 0.0)
         tokens = dict.fromkeys(names, 0)
         rounds, round_tokens = dict.fromkeys(names, 0), dict.fromkeys(names, 0)
+        forwards = dict.fromkeys(names, 0)  # the engine's forwards, prefills included
         per_round_rate = {n: [] for n in names}  # tok/s of each round, for the spread
         for r in range(args.rounds):
             batch = prompts[r * size : (r + 1) * size]
@@ -219,13 +220,15 @@ def main() -> None:
                 # vLLM's workers spin for a second after their last step: let the engine
                 # that ran before go idle, or its spinning takes a core from this one.
                 time.sleep(QUIET_S)
-                before = isd_rounds(engines[name])
+                before = isd_counts(engines[name])
                 lengths = params[r * size : (r + 1) * size]
                 result = timed_generate(engines[name], batch, lengths, concurrency=c)
                 seconds[name] += result.seconds
                 tokens[name] += result.num_tokens
                 per_round_rate[name].append(result.num_tokens / result.seconds)
-                rounds[name] += isd_rounds(engines[name]) - before
+                after = isd_counts(engines[name])
+                rounds[name] += after[0] - before[0]
+                forwards[name] += after[1] - before[1]
                 # Every token but a request's first (its prefill's) came from a round.
                 round_tokens[name] += result.num_tokens - len(batch)
         rate = {n: tokens[n] / seconds[n] for n in names}
@@ -246,6 +249,13 @@ def main() -> None:
                 line += f"  {rate[name] / best_fixed:5.2f}x best fixed K"
             if rounds[name] and name.startswith("K="):
                 line += f"  {round_tokens[name] / rounds[name]:.2f} tokens per ISD round"
+            if c == 1 and forwards[name]:
+                # One request per forward: tokens per forward (TPF, a prefill's token
+                # counted on it), the speedup a step as cheap as a plain one would give.
+                tpf = tokens[name] / forwards[name]
+                line += f"  TPF {tpf:.2f}"
+                if plain:
+                    line += f", speedup {rate[name] / plain / tpf:.2f}x TPF"
             print(line, flush=True)
     if "adaptive" in engines:
         (state,) = engines["adaptive"].collective_rpc("idlm_state")
