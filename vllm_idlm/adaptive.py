@@ -43,11 +43,19 @@ from vllm_idlm.stride_plan import BatchPlanner, cumulative
 
 @dataclass
 class _RequestState:
+    """A request's estimates and stride. Its steps are counted in the policy's steps (one
+    per `choose`): `first` the step it was first chosen for, `since` the step its k was set
+    on (it has kept k for `step - since` steps since), so that a step need not touch the
+    requests whose k it keeps."""
+
     conditional: list[float]
     k: int
-    dwell: int = 0
-    steps: int = 0
+    since: int = 0
+    first: int = 0
     probes: _ProbeSchedule | None = None  # a drafting request's own (plain ones share one)
+    # (the policy's `verdicts`, k) when the estimates beyond k were last found within reach
+    # of the engine-wide ones (`StridePolicy._relax`): until either changes, nothing to do.
+    settled: tuple[int, int] = (-1, -1)
 
 
 class _ProbeSchedule:
@@ -83,6 +91,9 @@ class StridePolicy:
         self.planner = BatchPlanner(config, cost)
         self.engine_conditional = [config.prior] * config.max_drafts
         self.observed = [0] * config.max_drafts  # verdicts seen per position, engine-wide
+        self.verdicts = 0  # verify steps observed (each moves the engine-wide estimates)
+        self._k_changes = 0  # times some request's k was set (`_relax`'s memo)
+        self._relaxed: tuple | None = None  # (verdicts, k changes, batch) found all settled
         self.requests: dict[str, _RequestState] = {}
         self.chosen: dict[int, int] = {}  # k -> how many request-steps were given it
         # Probing counted apart: engine steps with a probe, request-steps probed, and the
@@ -139,12 +150,14 @@ class StridePolicy:
             state.conditional[j] += w * (hit - state.conditional[j])
             self.engine_conditional[j] += we * (hit - self.engine_conditional[j])
             self.observed[j] += 1
+        self.verdicts += 1
         self.planner.estimates_moved = True
 
     def forget(self, req_ids) -> None:
         for req_id in req_ids:
             if self.requests.pop(req_id, None) is not None:
                 self.planner.decision = None
+                self._relaxed = None
 
     def rates(self, req_id: str) -> list[float]:
         return cumulative(self._state(req_id).conditional)
@@ -154,48 +167,42 @@ class StridePolicy:
         self.probing_plain = False
         if not req_ids:
             return []
-        states = [self._state(r) for r in req_ids]
+        known = self.requests.get
+        states = [known(r) or self._state(r) for r in req_ids]
+        batch = tuple(req_ids)
         if self.config.relax:
-            self._relax(states)
-        plan = self.planner.plan(tuple(req_ids), lambda: _estimates(states))
+            self._relax(batch, states)
+        plan = self.planner.plan(batch, lambda: _estimates(states))
         best, goodput, (tokens, rows) = plan.strides, plan.goodput, plan.tables
-        net = None  # what each choice nets each request, when a switch is weighed
+        net, row_cost = self.planner.net, self.planner.row_cost  # to weigh a switch
         choices, max_drafts = self.config.choices, self.config.max_drafts
         self.step += 1
+        step = self.step
         band = SelfCheck.band(len(req_ids)) if self.check is not None else 0
         plain = self.check is not None and self.check.arm(band) == PLAIN
+        if not any(best):
+            chosen = self._choose_plain(states)
+            if self.check is not None:
+                self.planned = (band, PLAIN if plain else MODEL, False)
+            return chosen
         probe_plain = not plain and self._plain_probe_due(best, goodput)
         self.probing_plain = probe_plain
         chosen, probed, drafted = [], 0, False
-        batch_drafts = any(best)
         for i, (state, k_new) in enumerate(zip(states, best, strict=True)):
-            state.steps += 1
-            state.dwell += 1
             if state.k < 0:  # a new request starts at the batch's best choice
-                state.k, state.dwell = k_new, 0
-            elif state.k and not batch_drafts:
-                # The batch's plan is plain decoding: every request stops drafting at once,
-                # dwell or not. One that kept its k would keep every step of the whole batch
-                # on the speculative path, which the plan weighed only as a whole
-                # (`BatchPlanner.best`, with its own margins against flapping). On the demo
-                # models at concurrency 64 the fit put those steps at ~7 ms over their rows,
-                # a plain step at ~14 ms; at concurrency 32 then 64, with the dwell kept
-                # here the engine ran 139 speculative steps of 2141 and 0.89x plain
-                # decoding at 64, without it 72 of 2144 and 0.99x (RESULTS.md,
-                # twenty-eighth session).
-                state.k, state.dwell = 0, 0
-            elif k_new != state.k and state.dwell >= self.config.min_dwell:
-                if net is None:
-                    net = self.planner.net(tokens, rows, goodput, self.planner.row_cost)
-                old = float(net[i, choices.index(state.k)])
-                new = float(net[i, choices.index(k_new)])
+                state.k, state.since, state.first = k_new, step, step
+                self._k_changes += 1
+            elif k_new != state.k and step - state.since >= self.config.min_dwell:
+                old = net(tokens, rows, goodput, i, state.k, row_cost)
+                new = net(tokens, rows, goodput, i, k_new, row_cost)
                 if new > old + self.config.hysteresis * max(abs(old), 1e-9):
                     if k_new > state.k:  # what the last probe was looking for
                         schedule = state.probes if state.k > 0 else self.plain_probes
                         if schedule is not None:
                             schedule.raised = True
                         self.probed["raises"] += 1
-                    state.k, state.dwell = k_new, 0
+                    state.k, state.since = k_new, step
+                    self._k_changes += 1
             # The model's k, unless the check holds plain or the batch probes plain.
             k = 0 if plain or probe_plain else state.k
             drafted = drafted or k > 0
@@ -212,19 +219,61 @@ class StridePolicy:
             self.planned = (band, PLAIN if plain else MODEL, any(s.k > 0 for s in states))
         return chosen
 
-    def _relax(self, states: Sequence[_RequestState]) -> None:
+    def _choose_plain(self, states: Sequence[_RequestState]) -> list[int]:
+        """`choose` where the batch's plan is plain decoding: every request stops drafting
+        at once, dwell or not. One that kept its k would keep every step of the whole batch
+        on the speculative path, which the plan weighed only as a whole
+        (`BatchPlanner.best`, with its own margins against flapping). On the demo models at
+        concurrency 64 the fit put those steps at ~7 ms over their rows, a plain step at
+        ~14 ms; at concurrency 32 then 64, with the dwell kept here the engine ran 139
+        speculative steps of 2141 and 0.89x plain decoding at 64, without it 72 of 2144 and
+        0.99x (RESULTS.md, twenty-eighth session). The requests probe together (`_probes`).
+        Most steps of a busy engine that does not draft come here: each request's k is
+        looked at, and set where it is not 0 yet; the plan is not read per request."""
+        step = self.step
+        self._plain_since = step  # no plain probe while the plan is plain
+        for state in states:
+            if state.k:
+                if state.k < 0:
+                    state.first = step
+                state.k, state.since = 0, step
+                self._k_changes += 1
+        self.chose_plain = True
+        n = len(states)
+        k = self.config.choices[1] if self._plain_probe_due_now() else 0
+        if k:
+            self.probed["steps"] += 1
+            self.probed["request_steps"] += n
+        self.chosen[k] = self.chosen.get(k, 0) + n
+        return [k] * n
+
+    def _relax(self, batch: tuple[str, ...], states: Sequence[_RequestState]) -> None:
         """Estimates of positions beyond a request's stride get no verdicts (but a probe's):
         each step they move a fraction `relax` of the way back to the engine-wide estimate,
         so a request that left a position on a few unlucky rejections comes back to it,
-        where the verdicts it then gets decide again. Within 0.01 of the engine's they stay."""
-        w, engine = self.config.relax, self.engine_conditional
+        where the verdicts it then gets decide again. Within 0.01 of the engine's they stay;
+        a request found so is not looked at again until a verdict moves the engine's
+        estimates or its k changes."""
+        w, engine, verdicts = self.config.relax, self.engine_conditional, self.verdicts
+        memo = (verdicts, self._k_changes, batch)
+        if self._relaxed == memo:  # every request of this batch found settled, nothing since
+            return
+        everyone = True
         for state in states:
-            conditional = state.conditional
+            mark = (verdicts, state.k)
+            if state.settled == mark:
+                continue
+            conditional, settled = state.conditional, True
             for j in range(max(state.k, 0), len(conditional)):
                 gap = engine[j] - conditional[j]
                 if abs(gap) > 0.01:
                     conditional[j] += w * gap
                     self.planner.estimates_moved = True
+                    settled = False
+            if settled:
+                state.settled = mark
+            everyone = everyone and settled
+        self._relaxed = memo if everyone else None
 
     def measured(self, step: StepRecord, seconds: float) -> None:
         """A finished step, for the self-check: its plan, the tokens it emitted, its time."""
@@ -270,10 +319,15 @@ class StridePolicy:
         speculative path on one step in `probe_every` (and the verify step after it), not on
         every step that one of its requests happens to probe."""
         if k > 0:
+            steps = self.step - state.first + 1
             if state.probes is None:
-                state.probes = _ProbeSchedule(state.steps - 1)
-            return state.probes.due(state.steps, self.config)
-        if self._plain_probe[0] != self.step:  # once per engine step, for all of them
+                state.probes = _ProbeSchedule(steps - 1)
+            return state.probes.due(steps, self.config)
+        return self._plain_probe_due_now()
+
+    def _plain_probe_due_now(self) -> bool:
+        """Whether plain requests probe on this step (asked once per step, for all of them)."""
+        if self._plain_probe[0] != self.step:
             self._plain_probe = (self.step, self.plain_probes.due(self.step, self.config))
         return self._plain_probe[1]
 

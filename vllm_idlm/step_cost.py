@@ -87,10 +87,10 @@ class StepCost:
         # The online fit refines the line; the bend and the MASK slots' cost stay as measured.
         seconds -= self.bend(rows) + self.m * masks
         x = (1.0, float(rows), 1.0 if drafting else 0.0, float(prompt_tokens), float(drafting))
-        for i in range(5):
-            self._xt[i] = self.forget * self._xt[i] + x[i] * seconds
-            for j in range(5):
-                self._xx[i][j] = self.forget * self._xx[i][j] + x[i] * x[j]
+        f, xx = self.forget, self._xx
+        self._xt = [f * t + xi * seconds for t, xi in zip(self._xt, x, strict=True)]
+        for i, xi in enumerate(x):
+            xx[i] = [f * v + xi * xj for v, xj in zip(xx[i], x, strict=True)]
         self._seen += 1
         if self._seen % self.refit_every == 0:
             self._refit()

@@ -74,9 +74,26 @@ def forward_tables(rates: np.ndarray, choices: Sequence[int]) -> tuple[np.ndarra
 def forward_lists(
     rates: Sequence[Sequence[float]], choices: Sequence[int]
 ) -> tuple[list[list[float]], list[list[float]]]:
-    """`forward_tables` on lists, for small batches (`SMALL_BATCH`)."""
-    tokens = [[tokens_per_forward(r, k) for k in choices] for r in rates]
-    return tokens, [[rows_per_forward(r, k) for k in choices] for r in rates]
+    """`forward_tables` on lists, for small batches (`SMALL_BATCH`): the formulas of
+    `tokens_per_forward` and `rows_per_forward`, one pass per request."""
+    tokens, rows = [], []
+    for r in rates:
+        prefix, total = [], 0.0
+        for x in r:
+            total += x
+            prefix.append(total)  # S_k, summed as `tokens_per_forward` sums it
+        t_row, r_row = [], []
+        for k in choices:
+            if k:
+                r_k = r[k - 1]
+                t_row.append((2.0 + prefix[k - 1] - r_k) / (2.0 - r_k))
+                r_row.append((2 * k + 1 + (1.0 - r_k) * (k + 1)) / (2.0 - r_k))
+            else:
+                t_row.append(1.0)
+                r_row.append(1.0)
+        tokens.append(t_row)
+        rows.append(r_row)
+    return tokens, rows
 
 
 # Batches of up to this many requests are planned on Python lists, larger ones with numpy:
@@ -172,16 +189,15 @@ class BatchPlanner:
         table = np.asarray(rates, dtype=float).reshape(len(rates), -1)
         return self.best(*forward_tables(table, self.config.choices))
 
-    def net(
-        self, tokens: np.ndarray, rows: np.ndarray, goodput: float, row_cost: float | None = None
-    ) -> np.ndarray:
-        """What each choice of k nets a request at the batch's goodput G (tokens and rows per
-        choice, in the last axis): tokens(k) - G (b rows(k) + [k > 0] e + m k), e being what
-        each drafting request adds to the step beyond its rows and m what each of its k MASK
-        slots adds; `row_cost` in place of b."""
-        b = self.cost.b if row_cost is None else row_cost
-        tokens, rows = np.asarray(tokens, dtype=float), np.asarray(rows, dtype=float)
-        return tokens - goodput * (b * rows + self.per_request())
+    def net(self, tokens, rows, goodput: float, i: int, k: int, row_cost: float) -> float:
+        """What stride k nets request i at the batch's goodput G (`tokens` and `rows` per
+        request and choice, lists or arrays as the plan holds them): tokens(k) - G (b rows(k)
+        + [k > 0] e + m k), e being what each drafting request adds to the step beyond its
+        rows and m what each of its k MASK slots adds; `row_cost` in place of b. One request
+        and one choice: a request weighing a switch needs two of them, not the whole table."""
+        j = self.config.choices.index(k)
+        extra = self.cost.e + self.cost.m * float(k) if k else 0.0
+        return float(tokens[i][j]) - goodput * (row_cost * float(rows[i][j]) + extra)
 
     def per_request(self) -> np.ndarray:
         """[k > 0] e + m k for each choice of k."""
@@ -235,11 +251,14 @@ class BatchPlanner:
         width = range(len(choices))
 
         def value(picks: list[int]) -> float:
-            drafting = sum(1 for p in picks if p)
-            picked_rows = sum(r[p] for r, p in zip(rows, picks, strict=True))
-            return sum(t[p] for t, p in zip(tokens, picks, strict=True)) / cost(
-                picked_rows, drafting, float(sum(choices[p] for p in picks))
-            )
+            drafting, picked_tokens, picked_rows, masks = 0, 0, 0, 0
+            for t, r, p in zip(tokens, rows, picks, strict=True):
+                if p:
+                    drafting += 1
+                    masks += choices[p]
+                picked_tokens += t[p]
+                picked_rows += r[p]
+            return picked_tokens / cost(picked_rows, drafting, float(masks))
 
         picks = [len(choices) - 1] * len(tokens)
         goodput = value(picks)

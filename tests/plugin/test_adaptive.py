@@ -125,6 +125,29 @@ def test_a_position_left_on_a_few_rejections_relaxes_back_and_is_drafted_again()
     assert own[0] > engine[0] + 0.02  # position 1: its own estimate, not relaxed
 
 
+def test_a_settled_request_relaxes_again_once_verdicts_move_the_engine_estimate():
+    """A plain request whose estimates reached the engine-wide ones is not looked at again
+    (`StridePolicy._relax`) until something moves them apart: here another request's verdicts
+    pull the engine-wide estimate down, and the plain request follows it; a new request joining
+    the batch starts from the engine's estimate too."""
+    p = policy(a=0.001, b=0.001, prior=0.5, probe_every=10**6, relax=0.2, engine_ema=0.2)
+    for _ in range(40):  # compute-bound: the batch decodes plainly, estimates settle
+        assert p.choose(["plain"]) == [0]
+    before = list(p.requests["plain"].conditional)
+    assert before == pytest.approx(p.engine_conditional, abs=0.011)
+    for _ in range(10):  # verdicts of a request that is not in this step's batch
+        p.observe("other", num_drafts=1, num_accepted=0)
+    assert p.engine_conditional[0] < before[0] - 0.3
+    for _ in range(40):
+        p.choose(["plain"])
+    assert p.requests["plain"].conditional[0] == pytest.approx(p.engine_conditional[0], abs=0.011)
+    p.forget(["plain"])
+    p.requests["plain"] = type(p.requests["other"])([0.99] * 3, k=-1)  # id reused, far off
+    for _ in range(40):
+        p.choose(["plain"])
+    assert p.requests["plain"].conditional[0] == pytest.approx(p.engine_conditional[0], abs=0.011)
+
+
 def test_the_kept_decision_follows_the_cost_the_estimates_and_the_batch():
     """The batch's best strides are kept between steps only while nothing they depend on
     changed: a new step cost, a new observation or a new request decides again."""
