@@ -42,18 +42,17 @@ def cumulative(conditional: Sequence[float]) -> list[float]:
     return out
 
 
+def _per_forward(k: int, r_k: float, s_k: float) -> tuple[float, float]:
+    """(tokens, rows) per forward at stride k > 0, from r_k and S_k (the module's formulas)."""
+    return (2.0 + s_k - r_k) / (2.0 - r_k), (2 * k + 1 + (1.0 - r_k) * (k + 1)) / (2.0 - r_k)
+
+
 def tokens_per_forward(rates: Sequence[float], k: int) -> float:
-    if k == 0:
-        return 1.0
-    r_k = rates[k - 1]
-    return (2.0 + sum(rates[:k]) - r_k) / (2.0 - r_k)
+    return _per_forward(k, rates[k - 1], sum(rates[:k]))[0] if k else 1.0
 
 
 def rows_per_forward(rates: Sequence[float], k: int) -> float:
-    if k == 0:
-        return 1.0
-    r_k = rates[k - 1]
-    return (2 * k + 1 + (1.0 - r_k) * (k + 1)) / (2.0 - r_k)
+    return _per_forward(k, rates[k - 1], sum(rates[:k]))[1] if k else 1.0
 
 
 def forward_tables(rates: np.ndarray, choices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -74,25 +73,17 @@ def forward_tables(rates: np.ndarray, choices: Sequence[int]) -> tuple[np.ndarra
 def forward_lists(
     rates: Sequence[Sequence[float]], choices: Sequence[int]
 ) -> tuple[list[list[float]], list[list[float]]]:
-    """`forward_tables` on lists, for small batches (`SMALL_BATCH`): the formulas of
-    `tokens_per_forward` and `rows_per_forward`, one pass per request."""
+    """`forward_tables` on lists, for small batches (`SMALL_BATCH`): `tokens_per_forward` and
+    `rows_per_forward` of each choice, the prefix sums S_k made once per request."""
     tokens, rows = [], []
     for r in rates:
         prefix, total = [], 0.0
         for x in r:
             total += x
             prefix.append(total)  # S_k, summed as `tokens_per_forward` sums it
-        t_row, r_row = [], []
-        for k in choices:
-            if k:
-                r_k = r[k - 1]
-                t_row.append((2.0 + prefix[k - 1] - r_k) / (2.0 - r_k))
-                r_row.append((2 * k + 1 + (1.0 - r_k) * (k + 1)) / (2.0 - r_k))
-            else:
-                t_row.append(1.0)
-                r_row.append(1.0)
-        tokens.append(t_row)
-        rows.append(r_row)
+        pairs = [_per_forward(k, r[k - 1], prefix[k - 1]) if k else (1.0, 1.0) for k in choices]
+        tokens.append([t for t, _ in pairs])
+        rows.append([q for _, q in pairs])
     return tokens, rows
 
 
