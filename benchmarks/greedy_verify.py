@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from idlm_kernels.isd_sample import argmax_rows, argmax_without
+from idlm_kernels.argmax import argmax_rows, argmax_without
 from vllm_idlm.verifier import verify_and_draft, verify_greedy
 
 MASK = 3

@@ -16,6 +16,9 @@ Vocabulary (the same words as the verifier and vLLM's rejection sampler):
 - **bonus**: the token emitted when every draft is accepted: the bonus row's ``argmax(p~ / noise)``
   (exponential race), ``argmax p~`` for greedy requests.
 
+The target probs (``idlm_kernels.target_probs``) and the row argmaxes (``idlm_kernels.argmax``)
+have modules of their own; this one lays out the rows and verifies, recovers and drafts.
+
 Randomness is an argument (``uniforms``, ``noise``) so the Triton kernel and this reference agree
 exactly. Ties at a top-k/top-p threshold are kept (vLLM keeps an arbitrary sort-order subset of them;
 the two agree whenever the boundary value is unique, i.e. almost surely for real logits).
@@ -29,8 +32,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-# vLLM treats temperatures below this as greedy.
-_SAMPLING_EPS = 1e-5
+from idlm_kernels.argmax import argmax_without
+from idlm_kernels.target_probs import SAMPLING_EPS, target_probs
 
 
 class IsdStep(NamedTuple):
@@ -73,80 +76,6 @@ def row_layout(num_draft_tokens: Tensor, num_mask_tokens: Tensor, num_rows: int)
     )
 
 
-# Top-p first looks at the largest _SORTED_PREFIX values of a row (a topk, ~5x cheaper than a full
-# sort at 448 x 8192 on CPU); rows whose nucleus is wider fall back to a full sort.
-_SORTED_PREFIX = 256
-
-
-def filter_logits(scaled_logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """Top-k then top-p on temperature-scaled logits [R, V] (per-row k, p); dropped entries -> -inf.
-
-    Top-k keeps entries >= the k-th largest value. Top-p keeps entry v iff the probability mass (after
-    top-k) of entries strictly larger than v is < top_p (equivalently vLLM's "ascending cumsum
-    > 1 - top_p"), and always the largest. ``top_k <= 0 or >= V`` and ``top_p >= 1`` are off.
-    """
-    vocab = scaled_logits.shape[-1]
-    use_k = (top_k > 0) & (top_k < vocab)
-    use_p = top_p < 1
-    rows = torch.nonzero(use_k | use_p).flatten()
-    if rows.numel() == 0:
-        return scaled_logits
-    z, use_k, use_p = scaled_logits[rows], use_k[rows], use_p[rows]
-    k = torch.where(use_k, top_k[rows], 1).long()
-    p = torch.where(use_p, top_p[rows], 1.0).to(z.dtype)
-    width = min(vocab, max(_SORTED_PREFIX, int(k.max())))
-    threshold, resolved = _thresholds(z, use_k, k, use_p, p, width)
-    if not bool(resolved.all()):
-        redo = torch.nonzero(~resolved).flatten()
-        threshold[redo] = _thresholds(z[redo], use_k[redo], k[redo], use_p[redo], p[redo], vocab)[0]
-    out = scaled_logits.clone()
-    out[rows] = z.masked_fill(z < threshold[:, None], float("-inf"))
-    return out
-
-
-def _thresholds(
-    z: Tensor, use_k: Tensor, k: Tensor, use_p: Tensor, top_p: Tensor, width: int
-) -> tuple[Tensor, Tensor]:
-    """Per row: the smallest kept value, and whether the ``width`` largest values sufficed."""
-    top = z.topk(width, dim=-1).values  # descending
-    kth = torch.where(use_k[:, None], top.gather(1, (k - 1)[:, None]), float("-inf"))
-    top = top.masked_fill(top < kth, float("-inf"))
-    log_total = torch.logsumexp(z.masked_fill(z < kth, float("-inf")), dim=-1, keepdim=True)
-    top_probs = (top - log_total).exp()
-    # Mass strictly above each sorted entry; a rounded cumsum of non-negatives is non-decreasing, so
-    # the kept entries form a prefix and the threshold is the last kept value (its ties kept too).
-    cumulative = torch.cumsum(top_probs, dim=-1)
-    mass_above = torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], dim=1)
-    num_kept = (mass_above < top_p[:, None]).sum(-1).clamp_min(1)
-    p_threshold = top.gather(1, (num_kept - 1)[:, None])
-    threshold = torch.where(use_p[:, None], torch.maximum(p_threshold, kth), kth).squeeze(1)
-    resolved = ~use_p | (num_kept < width) | (width == z.shape[-1]) | (top[:, -1] == float("-inf"))
-    return threshold, resolved
-
-
-def target_probs(
-    logits: Tensor,
-    temperature: Tensor,
-    top_k: Tensor,
-    top_p: Tensor,
-    mask_token_id: int,
-    dtype: torch.dtype = torch.float32,
-) -> Tensor:
-    """``p~`` of every row of ``logits`` [R, V] under per-row sampling params (each [R]).
-
-    Greedy rows (``T < 1e-5``) get the unfiltered ``softmax(logits)``: their consumers only use the
-    argmax, which no filter changes. ``dtype=float64`` gives the tests' gold values.
-    """
-    greedy = temperature < _SAMPLING_EPS
-    z = logits.to(dtype, copy=True)
-    z[:, mask_token_id] = float("-inf")
-    z = z / torch.where(greedy, 1.0, temperature).to(dtype)[:, None]
-    off_k = torch.zeros_like(top_k)
-    off_p = torch.ones_like(top_p)
-    z = filter_logits(z, torch.where(greedy, off_k, top_k), torch.where(greedy, off_p, top_p))
-    return z.softmax(dim=-1)
-
-
 def _check_inputs(
     logits: Tensor,
     draft_token_ids: Tensor,
@@ -180,7 +109,7 @@ def check_draft_probs(draft_probs: Tensor, num_draft_tokens: Tensor, temperature
     """
     if draft_probs.shape[0] or not bool((num_draft_tokens > 0).any()):
         return
-    random_with_drafts = (num_draft_tokens > 0) & (temperature >= _SAMPLING_EPS)
+    random_with_drafts = (num_draft_tokens > 0) & (temperature >= SAMPLING_EPS)
     if bool(random_with_drafts.any()):
         raise ValueError("draft_probs is empty but a random request has drafts")
 
@@ -188,52 +117,6 @@ def check_draft_probs(draft_probs: Tensor, num_draft_tokens: Tensor, temperature
 # Rows of [R, V] temporaries processed at once: bounds the reference path's extra memory
 # (a [256, 151936] fp32 chunk is 148 MB) whatever the batch.
 _CHUNK_ROWS = 256
-
-
-# CPU argmax in blocks (`argmax_rows`): block width, and the least size worth it (elements).
-_ARGMAX_BLOCK = 256
-_ARGMAX_BLOCKED_FROM = 1 << 17
-
-
-def argmax_rows(logits: Tensor) -> Tensor:
-    """``logits.argmax(dim=-1)`` of a 2-D tensor, the same indices (the first of a row's
-    maxima, NaN counting as the largest), faster on CPU for large tensors.
-
-    PyTorch's CPU argmax is a scalar loop (18 ms at 448 x 49,152 fp32 on one core of this
-    machine), its max-reduction vectorised (3 ms). So on CPU the row's maximum comes from
-    block maxima, then the argmax runs over the first block that holds it only. Rows with a
-    NaN, or a tensor too small to gain, go to PyTorch's argmax as they are.
-    """
-    rows, vocab = logits.shape
-    small = logits.numel() < _ARGMAX_BLOCKED_FROM or vocab < 8 * _ARGMAX_BLOCK
-    if logits.device.type != "cpu" or small:
-        return logits.argmax(dim=-1)
-    block = _ARGMAX_BLOCK
-    full = vocab - vocab % block
-    blocks = logits[:, :full].reshape(rows, full // block, block).amax(dim=-1)
-    if full < vocab:
-        blocks = torch.cat([blocks, logits[:, full:].amax(dim=-1, keepdim=True)], dim=1)
-    best = blocks.amax(dim=-1, keepdim=True)
-    first = (blocks == best).to(torch.uint8).argmax(dim=-1, keepdim=True)  # first block with it
-    # The columns of that block (the last one may be short: its tail repeats column V-1,
-    # which comes after every real column of the block, so the first maximum is unchanged).
-    columns = (first * block + torch.arange(block, device=logits.device)).clamp_(max=vocab - 1)
-    ids = columns.gather(1, logits.gather(1, columns).argmax(dim=-1, keepdim=True)).squeeze(1)
-    nan = torch.isnan(best.squeeze(1))
-    if bool(nan.any()):
-        ids[nan] = logits[nan].argmax(dim=-1)
-    return ids
-
-
-def argmax_without(logits: Tensor, token_id: int) -> Tensor:
-    """argmax of every row with ``token_id`` excluded, without copying the logits."""
-    ids = argmax_rows(logits)
-    hit = torch.nonzero(ids == token_id).flatten()
-    if hit.numel():
-        rows = logits[hit].clone()
-        rows[:, token_id] = float("-inf")
-        ids[hit] = rows.argmax(dim=-1)
-    return ids
 
 
 def _probs_of_rows(
@@ -286,7 +169,7 @@ def isd_verify_and_draft_ref(
     device = logits.device
     n = num_draft_tokens.long()
     layout = row_layout(n, num_mask_tokens, num_rows)
-    greedy_row = (temperature < _SAMPLING_EPS)[layout.row_req]
+    greedy_row = (temperature < SAMPLING_EPS)[layout.row_req]
     row_ids = argmax_without(logits, mask_token_id)  # greedy: bonus tokens and next drafts
     argmax_ids = row_ids.clone()
     random_rows = torch.nonzero(~greedy_row).flatten()

@@ -8,7 +8,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from idlm_kernels.isd_sample import _SAMPLING_EPS, IsdStep, row_layout, target_probs
+from idlm_kernels.isd_sample import IsdStep, row_layout
+from idlm_kernels.target_probs import SAMPLING_EPS, target_probs
 
 Mode = Literal["greedy", "random", "mixed"]
 
@@ -89,7 +90,7 @@ def make_isd_batch(
     draft_probs = target_probs(
         draft_logits, temperature[req], top_k[req], top_p[req], mask_token_id
     )
-    greedy = temperature[req] < _SAMPLING_EPS
+    greedy = temperature[req] < SAMPLING_EPS
     draft_token_ids = torch.where(
         greedy,
         draft_logits.masked_fill(torch.arange(vocab) == mask_token_id, float("-inf")).argmax(-1),
@@ -132,7 +133,7 @@ def gold_next_draft_probs(batch: IsdBatch) -> Tensor:
         batch.mask_token_id,
         dtype=torch.float64,
     )
-    return probs.masked_fill((temperature < _SAMPLING_EPS)[:, None], 0.0)
+    return probs.masked_fill((temperature < SAMPLING_EPS)[:, None], 0.0)
 
 
 def assert_close_to_gold(

@@ -4,7 +4,7 @@ Rows are read as ``z = logits / T`` (IEEE division, as torch) with MASK = -inf. 
 order-preserving integer keys, so a threshold is a key and can be found exactly by narrowing an
 integer interval: each streaming pass over the row tests NUM_PIVOTS keys at once (a [SUB,
 NUM_PIVOTS] comparison tile), shrinking the interval (NUM_PIVOTS + 1)-fold, so a 2^32-key range
-takes at most 8 passes at 16 pivots. Semantics: ``idlm_kernels.isd_sample.filter_logits``.
+takes at most 8 passes at 16 pivots. Semantics: ``idlm_kernels.target_probs.filter_logits``.
 """
 
 from __future__ import annotations

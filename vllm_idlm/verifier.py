@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import torch
 
-from idlm_kernels.isd_sample import argmax_without
+from idlm_kernels.argmax import argmax_without
 from idlm_kernels.ops import IsdStep, isd_verify_and_draft
 
 __all__ = [

@@ -6,14 +6,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from idlm_kernels.isd_sample import (
-    _ARGMAX_BLOCK,
-    _ARGMAX_BLOCKED_FROM,
-    argmax_rows,
-    filter_logits,
-    isd_verify_and_draft_ref,
-    target_probs,
-)
+from idlm_kernels.argmax import _ARGMAX_BLOCK, _ARGMAX_BLOCKED_FROM, argmax_rows
+from idlm_kernels.isd_sample import isd_verify_and_draft_ref
+from idlm_kernels.target_probs import filter_logits, target_probs
 from idlm_kernels.testing import IsdBatch, make_isd_batch
 
 NEG = -20.0

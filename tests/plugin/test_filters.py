@@ -19,7 +19,7 @@ from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
-from idlm_kernels.isd_sample import filter_logits
+from idlm_kernels.target_probs import filter_logits
 from vllm_idlm.config import IsdOptions
 from vllm_idlm.engine.sampler import IsdRejectionSampler
 from vllm_idlm.engine.state import IsdState

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from idlm_kernels.isd_sample import argmax_without
+from idlm_kernels.argmax import argmax_without
 from vllm_idlm.verifier import sample_without_drafts, verify_and_draft, verify_greedy
 
 MASK = 5

@@ -28,7 +28,7 @@ import time
 import torch
 from vllm.config import CUDAGraphMode
 
-from idlm_kernels.isd_sample import argmax_without
+from idlm_kernels.argmax import argmax_without
 from vllm_idlm.engine.proposer import IsdProposer
 from vllm_idlm.step_cost import least_squares, solve_floors
 from vllm_idlm.verifier import verify_and_draft, verify_greedy

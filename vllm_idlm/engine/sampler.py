@@ -41,7 +41,7 @@ from vllm.v1.sample.rejection_sampler import (
     apply_sampling_constraints,
 )
 
-from idlm_kernels.isd_sample import argmax_without
+from idlm_kernels.argmax import argmax_without
 from vllm_idlm.config import IsdOptions
 from vllm_idlm.engine.state import IsdState, StoredDrafts
 from vllm_idlm.slots import SlotPlan, plan_slots
