@@ -10,24 +10,34 @@ comes from vLLM's own benchmark client: for every temperature and concurrency c,
 from the server's Prometheus counters (1 + accepted / draft rounds; for ISD a cold start is a
 round with no drafts). Writes a CSV with the same columns as the offline sweep plus mean TTFT
 and TPOT, and the PNG.
+
+All servers are up at once and take turns at each point, the order rotating from point to
+point with a quiet gap between them, as the offline sweep's engines do: run one server after
+another, a ratio to plain compared runs a quarter of an hour apart on a machine whose speed
+drifts by a third over such spans (RESULTS.md, fourteenth session). `--one-at-a-time` runs
+one server after another (less memory: seven demo-model servers took 11 GiB together).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sweep import add_arguments, heldout, methods, report  # noqa: E402
+from sweep import QUIET_S, add_arguments, heldout, methods, report  # noqa: E402
 
 SERVER_FLAGS = ["--enforce-eager", "--seed", "0"]
+# KV cache per server: the demo models need 4 KB per token, 64 requests of 96 tokens 25 MB.
+KV_BYTES = 256 << 20
 
 
 def spec_counters(url: str) -> tuple[float, float]:
@@ -111,12 +121,26 @@ def bench(
     )
 
 
+def points(args) -> list[tuple[float, int]]:
+    return [(t, c) for t in args.temperature for c in args.c]
+
+
+def run_point(name: str, server, dataset: Path, t: float, c: int, args, folder: Path) -> dict:
+    row = bench(server, dataset, args.models / "base", t, c, args, folder)
+    if row["completed"] != args.prompts:
+        raise RuntimeError(f"{name}: {row['completed']} of {args.prompts} done")
+    row = {"method": name, **row}
+    print(row, file=sys.stderr, flush=True)
+    return row
+
+
 def main() -> None:
     from vllm_idlm.launch import Server
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(ap)
     ap.add_argument("--out", type=Path, default=Path("results/serve_sweep.csv"))
+    ap.add_argument("--one-at-a-time", action="store_true", help="one server after another")
     args = ap.parse_args()
     args.models = args.models.expanduser()
 
@@ -124,19 +148,42 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="serve_sweep_") as tmp:
         folder = Path(tmp)
         dataset = write_dataset(args.models, args, folder)
-        for name, model, spec in methods(args):
-            extra = [*SERVER_FLAGS, "--max-num-seqs", str(max(args.c))]
-            log = folder / f"server_{len(table)}.log"
-            with Server(model, log, spec=spec, extra=extra, kv_cache_bytes=1 << 30) as server:
-                # Warm-up (first-request compilation, e.g. ngram's matcher), not recorded.
-                bench(server, dataset, args.models / "base", 0.0, 2, args, folder, num_prompts=4)
-                for t in args.temperature:
-                    for c in args.c:
-                        row = bench(server, dataset, args.models / "base", t, c, args, folder)
-                        if row["completed"] != args.prompts:
-                            raise RuntimeError(f"{name}: {row['completed']} of {args.prompts} done")
-                        table.append({"method": name, **row})
-                        print(table[-1], file=sys.stderr, flush=True)
+        extra = [*SERVER_FLAGS, "--max-num-seqs", str(max(args.c))]
+
+        def server(i: int, model: Path, spec: dict | None) -> Server:
+            return Server(
+                model, folder / f"server_{i}.log", spec=spec, extra=extra, kv_cache_bytes=KV_BYTES
+            )
+
+        def warm(server: Server) -> Server:
+            # First-request compilation (e.g. ngram's matcher), not recorded.
+            bench(server, dataset, args.models / "base", 0.0, 2, args, folder, num_prompts=4)
+            return server
+
+        runs = methods(args)
+        if args.one_at_a_time:
+            for i, (name, model, spec) in enumerate(runs):
+                with server(i, model, spec) as up:
+                    warm(up)
+                    for t, c in points(args):
+                        table.append(run_point(name, up, dataset, t, c, args, folder))
+        else:
+            with contextlib.ExitStack() as stack:
+                servers = {
+                    name: warm(stack.enter_context(server(i, model, spec)))
+                    for i, (name, model, spec) in enumerate(runs)
+                }
+                import psutil
+
+                free = psutil.virtual_memory().available / 2**30
+                print(f"{len(servers)} servers up, {free:.1f} GiB memory left", file=sys.stderr)
+                names = list(servers)
+                for turn, (t, c) in enumerate(points(args)):
+                    for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                        time.sleep(QUIET_S)  # the last server's workers spin for a second
+                        table.append(run_point(name, servers[name], dataset, t, c, args, folder))
+    order = {name: i for i, (name, _, _) in enumerate(runs)}  # the table: method by method
+    table.sort(key=lambda r: order[r["method"]])
     report(
         table, args, f"{args.prompts} held-out prompts, {args.max_tokens} tokens, vllm bench serve"
     )
