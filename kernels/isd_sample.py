@@ -5,14 +5,18 @@ Vocabulary (the same words as the verifier and vLLM's rejection sampler):
 - **request rows**: request i owns ``1 + n_i + m_i`` consecutive logits rows: ``n_i`` target rows (row r
   scores draft r), one bonus row, then ``m_i`` MASK rows whose distributions become the next drafts.
 - **draft tokens** ``d_r`` and **draft probs** ``q~_r``: the tokens proposed by the previous step and
-  the filtered distribution each was drawn from.
+  the filtered distribution each was drawn from. A **point-mass draft** (a lookup in the request's
+  own text proposes one token for certain) has ``q~_r = 1{d_r}``; it carries no probs row
+  (``draft_prob_index`` -1), so no vocab-sized one-hot is ever built for it.
 - **target probs** ``p~``: ``filter(softmax(logits / T))`` in fp32 with MASK forced to -inf, where
   filter is the request's top-k then top-p (vLLM's semantics). The same transform makes the target
   probs of every row kind and the draft probs of MASK rows.
-- **accepted**: random requests accept ``d_r`` iff ``q~_r(d_r) > 0`` and ``p~_r(d_r) >= u_r q~_r(d_r)``;
-  greedy requests (``T < 1e-5``) iff ``d_r == argmax p~_r``. Verification stops at the first rejection.
+- **accepted**: random requests accept ``d_r`` iff ``q~_r(d_r) > 0`` and ``p~_r(d_r) >= u_r q~_r(d_r)``
+  (a point mass: iff ``p~_r(d_r) >= u_r``); greedy requests (``T < 1e-5``) iff ``d_r == argmax p~_r``.
+  Verification stops at the first rejection.
 - **recovered**: the token emitted at the first rejection: ``argmax(max(0, p~ - q~) / noise)`` (``p~``
-  when that residual is all zero), ``argmax p~`` for greedy requests.
+  when that residual is all zero; for a point mass, ``p~`` with ``d_r`` removed), ``argmax p~`` for
+  greedy requests.
 - **bonus**: the token emitted when every draft is accepted: the bonus row's ``argmax(p~ / noise)``
   (exponential race), ``argmax p~`` for greedy requests.
 
@@ -84,6 +88,7 @@ def _check_inputs(
     num_mask_tokens: Tensor,
     uniforms: Tensor,
     noise: Tensor,
+    draft_prob_index: Tensor | None,
 ) -> None:
     num_rows, vocab = logits.shape
     num_drafts = draft_token_ids.shape[0]
@@ -92,26 +97,60 @@ def _check_inputs(
         raise ValueError(f"logits has {num_rows} rows, the layout needs {expected_rows}")
     if int(num_draft_tokens.sum()) != num_drafts:
         raise ValueError(f"{num_drafts} draft tokens, num_draft_tokens sums to a different count")
-    if draft_probs.shape[0] not in (0, num_drafts) or draft_probs.shape[1] != vocab:
-        raise ValueError(
-            f"draft_probs {tuple(draft_probs.shape)}, expected [{num_drafts}, {vocab}]"
-        )
+    check_draft_prob_shapes(draft_probs, draft_prob_index, num_drafts, vocab)
     if uniforms.shape != (num_drafts,) or noise.shape != logits.shape:
         raise ValueError(f"uniforms {tuple(uniforms.shape)} / noise {tuple(noise.shape)} mis-sized")
 
 
-def check_draft_probs(draft_probs: Tensor, num_draft_tokens: Tensor, temperature: Tensor) -> None:
+def check_draft_prob_shapes(
+    draft_probs: Tensor, draft_prob_index: Tensor | None, num_drafts: int, vocab: int
+) -> None:
+    """``draft_probs`` [num drafts, V] (or empty), or any number of rows with an index [num drafts]."""
+    if draft_probs.ndim != 2 or draft_probs.shape[1] != vocab:
+        raise ValueError(f"draft_probs {tuple(draft_probs.shape)}, expected [*, {vocab}]")
+    if draft_prob_index is None:
+        if draft_probs.shape[0] not in (0, num_drafts):
+            raise ValueError(
+                f"draft_probs {tuple(draft_probs.shape)}, expected [{num_drafts}, {vocab}]"
+            )
+    elif draft_prob_index.shape != (num_drafts,):
+        raise ValueError(
+            f"draft_prob_index {tuple(draft_prob_index.shape)}, expected [{num_drafts}]"
+        )
+
+
+def check_draft_probs(
+    draft_probs: Tensor,
+    num_draft_tokens: Tensor,
+    temperature: Tensor,
+    draft_prob_index: Tensor | None = None,
+) -> None:
     """Refuse to verify sampled drafts without their draft probs (both backends).
 
-    An empty ``draft_probs`` is allowed only when every request with drafts is greedy (greedy
-    drafts are argmaxes, verified by equality). Checked only when ``draft_probs`` is empty, so
-    the device sync it costs never touches a batch that carries probs.
+    An empty ``draft_probs`` without an index is allowed only when every request with drafts is
+    greedy (greedy drafts are argmaxes, verified by equality). Checked only when ``draft_probs``
+    is empty, so the device sync it costs never touches a batch that carries probs; with an index,
+    every draft says where its probs are (or that it is a point mass).
     """
+    if draft_prob_index is not None:
+        return
     if draft_probs.shape[0] or not bool((num_draft_tokens > 0).any()):
         return
     random_with_drafts = (num_draft_tokens > 0) & (temperature >= SAMPLING_EPS)
     if bool(random_with_drafts.any()):
         raise ValueError("draft_probs is empty but a random request has drafts")
+
+
+def draft_prob_rows(
+    draft_probs: Tensor, draft_prob_index: Tensor | None, num_drafts: int
+) -> Tensor:
+    """The row of ``draft_probs`` holding each draft's probs, -1 for a point mass ([D] int64)."""
+    if draft_prob_index is not None:
+        return draft_prob_index.long()
+    device = draft_probs.device
+    if draft_probs.shape[0]:
+        return torch.arange(num_drafts, device=device)
+    return torch.full((num_drafts,), -1, dtype=torch.long, device=device)
 
 
 # Rows of [R, V] temporaries processed at once: bounds the reference path's extra memory
@@ -154,17 +193,28 @@ def isd_verify_and_draft_ref(
     noise: Tensor,
     mask_token_id: int,
     max_num_draft_tokens: int | None = None,
+    draft_prob_index: Tensor | None = None,
 ) -> IsdStep:
     """Verify every request's drafts and sample the next drafts (pure PyTorch; the CPU path).
 
     ``max_num_draft_tokens`` (optional, = max n_i) avoids a device-to-host sync for the output width.
+    ``draft_prob_index`` (optional, [D] int64): the row of ``draft_probs`` of each draft, -1 for a
+    point mass; without it, draft d's probs are row d (none when ``draft_probs`` is empty).
     Probabilities are formed only for the rows of random requests and the residual only at each
     request's first rejected draft; greedy rows need argmaxes only, and their noise is never read.
     """
     _check_inputs(
-        logits, draft_token_ids, draft_probs, num_draft_tokens, num_mask_tokens, uniforms, noise
+        logits,
+        draft_token_ids,
+        draft_probs,
+        num_draft_tokens,
+        num_mask_tokens,
+        uniforms,
+        noise,
+        draft_prob_index,
     )
-    check_draft_probs(draft_probs, num_draft_tokens, temperature)
+    check_draft_probs(draft_probs, num_draft_tokens, temperature, draft_prob_index)
+    q_rows = draft_prob_rows(draft_probs, draft_prob_index, draft_token_ids.shape[0])
     num_rows, vocab = logits.shape
     device = logits.device
     n = num_draft_tokens.long()
@@ -187,14 +237,22 @@ def isd_verify_and_draft_ref(
     row_ids[random_rows] = _race(probs, noise[random_rows]) if random_rows.numel() else row_ids[:0]
 
     accepted = _accept(
-        probs, slot, argmax_ids, layout.draft_rows, draft_token_ids, draft_probs, uniforms
+        probs, slot, argmax_ids, layout.draft_rows, draft_token_ids, draft_probs, q_rows, uniforms
     )
     output_token_ids, num_accepted = _assemble(
         draft_token_ids,
         n,
         accepted,
         lambda first_reject: _recovered(
-            probs, slot, argmax_ids, noise, layout.draft_rows, draft_probs, first_reject
+            probs,
+            slot,
+            argmax_ids,
+            noise,
+            layout.draft_rows,
+            draft_token_ids,
+            draft_probs,
+            q_rows,
+            first_reject,
         ),
         row_ids[layout.bonus_rows],
         layout.cu_num_draft_tokens,
@@ -218,10 +276,12 @@ def _accept(
     draft_rows: Tensor,
     draft_token_ids: Tensor,
     draft_probs: Tensor,
+    q_rows: Tensor,
     uniforms: Tensor,
 ) -> Tensor:
     """Per draft (independently of the others): accepted [D] bool. Greedy: the draft is the
-    argmax; random: ``q~(d) > 0`` and ``p~(d) >= u q~(d)`` in fp64."""
+    argmax; random: ``q~(d) > 0`` and ``p~(d) >= u q~(d)`` in fp64 (``q~(d) = 1`` for a point
+    mass)."""
     accepted = draft_token_ids == argmax_ids[draft_rows]
     draft_slot = slot[draft_rows]
     random = torch.nonzero(draft_slot >= 0).flatten()
@@ -229,9 +289,18 @@ def _accept(
         return accepted
     ids = draft_token_ids[random][:, None]
     target_prob = probs[draft_slot[random]].gather(1, ids).squeeze(1).double()
-    draft_prob = draft_probs[random].gather(1, ids).squeeze(1).double()
+    draft_prob = _draft_prob_of(draft_probs, q_rows[random], ids)
     accepted[random] = (draft_prob > 0) & (target_prob >= uniforms[random] * draft_prob)
     return accepted
+
+
+def _draft_prob_of(draft_probs: Tensor, q_rows: Tensor, ids: Tensor) -> Tensor:
+    """``q~(d)`` in fp64 of drafts whose probs sit at ``q_rows`` (-1: a point mass, 1)."""
+    out = torch.ones(q_rows.numel(), dtype=torch.float64, device=q_rows.device)
+    held = torch.nonzero(q_rows >= 0).flatten()
+    if held.numel():
+        out[held] = draft_probs[q_rows[held]].gather(1, ids[held]).squeeze(1).double()
+    return out
 
 
 def _recovered(
@@ -240,17 +309,28 @@ def _recovered(
     argmax_ids: Tensor,
     noise: Tensor,
     draft_rows: Tensor,
+    draft_token_ids: Tensor,
     draft_probs: Tensor,
+    q_rows: Tensor,
     drafts: Tensor,
 ) -> Tensor:
     """The recovered token of the given drafts (each request's first rejected one): greedy, the
-    argmax; random, ``argmax(max(0, p~ - q~) / noise)`` (``p~`` where that is all zero)."""
+    argmax; random, ``argmax(max(0, p~ - q~) / noise)`` (``p~`` where that is all zero; for a
+    point mass, ``p~`` with the draft token removed)."""
     rows = draft_rows[drafts]
     recovered = argmax_ids[rows]
     random = torch.nonzero(slot[rows] >= 0).flatten()
     if random.numel():
         target = probs[slot[rows[random]]]
-        residual = (target - draft_probs[drafts[random]]).clamp_min_(0)
+        which = q_rows[drafts[random]]
+        draft = torch.zeros_like(target)  # q~ of each rejected draft
+        held = torch.nonzero(which >= 0).flatten()
+        if held.numel():
+            draft[held] = draft_probs[which[held]]
+        points = torch.nonzero(which < 0).flatten()
+        if points.numel():
+            draft[points, draft_token_ids[drafts[random][points]]] = 1.0
+        residual = (target - draft).clamp_min_(0)
         residual = torch.where(residual.amax(dim=-1, keepdim=True) > 0, residual, target)
         recovered[random] = (residual / noise[rows[random]]).argmax(dim=-1)
     return recovered

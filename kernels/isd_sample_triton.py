@@ -23,7 +23,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from idlm_kernels.isd_sample import IsdStep, check_draft_probs
+from idlm_kernels.isd_sample import (
+    IsdStep,
+    check_draft_prob_shapes,
+    check_draft_probs,
+    draft_prob_rows,
+)
 from idlm_kernels.ops import interpreted
 from idlm_kernels.topk_topp_search import filter_thresholds, load_scaled, order_key
 
@@ -56,6 +61,7 @@ def _race(
     q_row,
     probs_row,
     q_limit,
+    point_id,
     probs_limit,
     vocab,
     mask_token_id,
@@ -68,7 +74,8 @@ def _race(
     """argmax(p~ / noise), argmax(max(0, p~ - q~) / noise), whether that residual is non-zero.
 
     q~ is read below ``q_limit`` and p~ written below ``probs_limit`` (vocab or 0: a bound, not a
-    flag, because the interpreter rejects a scalar flag broadcast into a mask).
+    flag, because the interpreter rejects a scalar flag broadcast into a mask); a point-mass draft
+    has q~ = 1 at ``point_id`` (-1: none).
     """
     best_p = tl.full((), -1.0, tl.float32)
     best_r = tl.full((), -1.0, tl.float32)
@@ -82,6 +89,7 @@ def _race(
         tl.store(probs_row + offs, p, mask=offs < probs_limit)
         noise = tl.load(noise_row + offs, mask=in_range, other=1.0)
         q = tl.load(q_row + offs, mask=offs < q_limit, other=0.0)
+        q = tl.where(offs == point_id, 1.0, q)
         score_p = p / noise
         score_r = tl.maximum(p - q, 0.0) / noise
         block_p = tl.max(score_p, 0)
@@ -121,7 +129,8 @@ def _locate(num_draft, num_mask, num_reqs, row, BLOCK_B: tl.constexpr):
 
 @triton.jit
 def _isd_rows_kernel(
-    logits, stride_logits, noise, stride_noise, draft_probs, stride_draft_probs, draft_ids, uniforms,
+    logits, stride_logits, noise, stride_noise, draft_probs, stride_draft_probs, draft_prob_index,
+    draft_ids, uniforms,
     num_draft, num_mask, num_reqs, temperature, top_k, top_p,
     accepted_out, recovered_out, bonus_out, next_ids_out, next_probs_out, stride_next_probs,
     scratch, cap, vocab, mask_token_id, HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr,
@@ -158,24 +167,27 @@ def _isd_rows_kernel(
             logits_row, vocab, mask_token_id, temp, z_max, total, tl.load(top_k + req),
             tl.load(top_p + req), scratch + row * cap, cap, NUM_PIVOTS, SUB, BLOCK, 1.0,
         )  # fmt: skip
-        q_row = draft_probs + draft_idx * stride_draft_probs
+        draft = tl.load(draft_ids + draft_idx, mask=is_draft, other=-1)
+        q_index = tl.load(draft_prob_index + draft_idx, mask=is_draft, other=-1)
+        point = is_draft & (q_index < 0)  # a point mass: q~ = 1 at the draft, no probs row
+        q_row = draft_probs + tl.maximum(q_index, 0) * stride_draft_probs
         if HAS_DRAFT_PROBS:  # noqa: SIM108 (a compile-time branch reads clearer in a kernel)
-            q_limit = tl.where(is_draft, vocab, 0)
-        else:  # no draft probs: random drafts count as q~(d) = 0 (rejected), residual = p~
+            q_limit = tl.where(is_draft & (q_index >= 0), vocab, 0)
+        else:  # no probs rows: only point masses carry a q~
             q_limit = tl.where(is_draft, 0, 0)
         raced, recovered, residual_nonzero = _race(
             logits_row, noise + row * stride_noise, q_row, next_probs_row,
-            q_limit, tl.where(is_mask, vocab, 0),
+            q_limit, tl.where(point, draft, -1), tl.where(is_mask, vocab, 0),
             vocab, mask_token_id, temp, z_max, threshold, total, BLOCK,
         )  # fmt: skip
         if is_draft:
-            draft = tl.load(draft_ids + draft_idx)
             z_draft = load_scaled(logits_row, draft, vocab, mask_token_id, temp)
             p_draft = tl.where(
                 order_key(z_draft) >= threshold, tl.exp(z_draft - z_max) / total, 0.0
             )
             draft_in_vocab = (draft >= 0) & (draft < vocab)
             q_draft = tl.load(q_row + draft, mask=(q_limit > 0) & draft_in_vocab, other=0.0)
+            q_draft = tl.where(point, 1.0, q_draft)
             u = tl.load(uniforms + draft_idx)
             ok = (q_draft > 0) & (p_draft.to(tl.float64) >= u * q_draft.to(tl.float64))
             tl.store(accepted_out + draft_idx, ok.to(tl.int8))
@@ -255,6 +267,7 @@ def _check_inputs(
     uniforms: Tensor,
     noise: Tensor,
     mask_token_id: int,
+    draft_prob_index: Tensor | None,
 ) -> None:
     device, (_, vocab), num_drafts = logits.device, logits.shape, draft_token_ids.shape[0]
     _check("logits", logits, 2, (torch.float32, torch.bfloat16, torch.float16), device)
@@ -262,12 +275,11 @@ def _check_inputs(
     _check("draft_probs", draft_probs, 2, (torch.float32,), device)
     _check("draft_token_ids", draft_token_ids, 1, (torch.int64,), device)
     _check("uniforms", uniforms, 1, (torch.float64,), device)
+    if draft_prob_index is not None:
+        _check("draft_prob_index", draft_prob_index, 1, (torch.int64,), device)
     if noise.shape != logits.shape or uniforms.shape[0] != num_drafts:
         raise ValueError(f"noise {tuple(noise.shape)} / uniforms {tuple(uniforms.shape)} mis-sized")
-    if draft_probs.shape[0] not in (0, num_drafts) or draft_probs.shape[1] != vocab:
-        raise ValueError(
-            f"draft_probs {tuple(draft_probs.shape)}, expected [{num_drafts}, {vocab}]"
-        )
+    check_draft_prob_shapes(draft_probs, draft_prob_index, num_drafts, vocab)
     if not 0 <= mask_token_id < vocab:
         raise ValueError(f"mask_token_id {mask_token_id} outside the vocab of {vocab}")
 
@@ -285,6 +297,7 @@ def isd_verify_and_draft_triton(
     noise: Tensor,
     mask_token_id: int,
     max_num_draft_tokens: int | None = None,
+    draft_prob_index: Tensor | None = None,
     *,
     tuning: IsdTuning | None = None,
 ) -> IsdStep:
@@ -294,8 +307,11 @@ def isd_verify_and_draft_triton(
 
     Like the ref, it refuses an empty ``draft_probs`` when a random request has drafts.
     """
-    _check_inputs(logits, draft_token_ids, draft_probs, uniforms, noise, mask_token_id)
-    check_draft_probs(draft_probs, num_draft_tokens, temperature)
+    _check_inputs(
+        logits, draft_token_ids, draft_probs, uniforms, noise, mask_token_id, draft_prob_index
+    )
+    check_draft_probs(draft_probs, num_draft_tokens, temperature, draft_prob_index)
+    q_rows = draft_prob_rows(draft_probs, draft_prob_index, draft_token_ids.shape[0])
     device = logits.device
     num_rows, vocab = logits.shape
     num_reqs, num_drafts = num_draft_tokens.shape[0], draft_token_ids.shape[0]
@@ -324,7 +340,7 @@ def isd_verify_and_draft_triton(
     sub = block if interpreted(_isd_rows_kernel) else min(block, tuning.sub)
     _isd_rows_kernel[(num_rows,)](
         logits, logits.stride(0), noise, noise.stride(0), _ptr(draft_probs), draft_probs.stride(0),
-        _ptr(draft_token_ids), _ptr(uniforms),
+        _ptr(q_rows), _ptr(draft_token_ids), _ptr(uniforms),
         n, m, num_reqs,
         temperature.to(device=device, dtype=torch.float32),
         top_k.to(device=device, dtype=torch.int64),

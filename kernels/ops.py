@@ -100,8 +100,10 @@ def isd_verify_and_draft(
     noise: Tensor,
     mask_token_id: int,
     max_num_draft_tokens: int | None = None,
+    draft_prob_index: Tensor | None = None,
 ) -> IsdStep:
-    """Verify drafts and sample the next ones; see ``idlm_kernels.isd_sample`` for the semantics."""
+    """Verify drafts and sample the next ones; see ``idlm_kernels.isd_sample`` for the semantics
+    (``draft_prob_index``: the row of ``draft_probs`` of each draft, -1 for a point mass)."""
     if use_triton(logits):
         from idlm_kernels.isd_sample_triton import isd_verify_and_draft_triton as impl
     else:
@@ -119,6 +121,7 @@ def isd_verify_and_draft(
         noise,
         mask_token_id,
         max_num_draft_tokens,
+        draft_prob_index,
     )
 
 

@@ -29,6 +29,7 @@ class IsdBatch:
     uniforms: Tensor
     noise: Tensor
     mask_token_id: int
+    draft_prob_index: Tensor | None = None  # [D]: row of draft_probs, -1 a point mass
 
     def args(self) -> tuple:
         return (
@@ -43,6 +44,8 @@ class IsdBatch:
             self.uniforms,
             self.noise,
             self.mask_token_id,
+            None,
+            self.draft_prob_index,
         )
 
 
@@ -72,8 +75,13 @@ def make_isd_batch(
     seed: int = 0,
     logit_scale: float = 3.0,
     draft_noise: float = 0.3,
+    point_masses: float = 0.0,
 ) -> IsdBatch:
-    """A random batch whose drafts come from target rows perturbed by ``draft_noise`` (so many pass)."""
+    """A random batch whose drafts come from target rows perturbed by ``draft_noise`` (so many pass).
+
+    ``point_masses``: the share of random drafts made point masses (as a lookup proposes them: the
+    perturbed row's argmax, no probs row; ``draft_prob_index`` -1), the rest keeping their probs
+    rows, compacted, behind the index."""
     gen = torch.Generator().manual_seed(seed)
     n = torch.tensor(num_drafts if isinstance(num_drafts, list) else [num_drafts] * num_reqs)
     m = torch.tensor(num_masks if isinstance(num_masks, list) else [num_masks] * num_reqs)
@@ -99,6 +107,15 @@ def make_isd_batch(
         else torch.zeros(0, dtype=torch.long),
     )
     draft_probs[greedy] = 0.0
+    draft_prob_index = None
+    if point_masses and mode != "greedy":
+        point = (torch.rand(num_draft, generator=gen) < point_masses) & ~greedy
+        argmax = draft_logits.masked_fill(torch.arange(vocab) == mask_token_id, float("-inf"))
+        draft_token_ids = torch.where(point, argmax.argmax(-1), draft_token_ids)
+        held = torch.nonzero(~point).flatten()
+        draft_prob_index = torch.full((num_draft,), -1, dtype=torch.long)
+        draft_prob_index[held] = torch.arange(held.numel())
+        draft_probs = draft_probs[held]
     if mode == "greedy":
         draft_probs = draft_probs[:0]
     uniforms = torch.rand(num_draft, generator=gen, dtype=torch.float64)
@@ -115,6 +132,7 @@ def make_isd_batch(
         uniforms.to(device),
         noise.to(device),
         mask_token_id,
+        None if draft_prob_index is None else draft_prob_index.to(device),
     )
 
 

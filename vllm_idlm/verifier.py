@@ -10,7 +10,8 @@ vLLM-free. Vocabulary (the code uses these words):
   the argmax).
 - **draft tokens** d_r and **draft probs** q~_r: the tokens proposed by the previous
   step's MASK rows and the distribution they were sampled from (the same transform
-  applied to the MASK row). Greedy drafts are argmaxes and carry no probs.
+  applied to the MASK row), or by a lookup in the request's own text: a *point mass*,
+  q~_r = 1{d_r}, which carries no probs row. Greedy drafts carry no probs.
 - **accepted**: draft r is accepted with probability min(1, p~_r(d_r) / q~_r(d_r))
   (greedy: iff d_r == argmax p~_r), left to right, stopping at the first rejection.
 - **recovered** token: at the first rejection, a sample of norm(max(0, p~_r - q~_r))
@@ -93,13 +94,16 @@ def verify_and_draft(
     generators: dict[int, torch.Generator] | None,
     mask_token_id: int,
     all_greedy: bool | None = None,
+    draft_prob_index: torch.Tensor | None = None,
 ) -> IsdStep:
     """One ISD step for a batch laid out as described in the module docstring.
 
     temperature: [B] fp32, 0 (or < 1e-5) means greedy. top_k: [B] (0 = off) or None.
     top_p: [B] (1 = off) or None. draft_probs: [num drafts, V] fp32 (rows of greedy
-    requests are ignored) or None when every request is greedy. all_greedy: whether every
-    request is greedy, when the caller knows it on the host (saves a device sync).
+    requests are ignored) or None when every request is greedy; with draft_prob_index
+    ([num drafts] int64), any number of rows: draft d's probs are row draft_prob_index[d],
+    -1 for a point mass. all_greedy: whether every request is greedy, when the caller
+    knows it on the host (saves a device sync).
     """
     device = logits.device
     num_requests = temperature.shape[0]
@@ -138,6 +142,9 @@ def verify_and_draft(
         noise,
         mask_token_id,
         max_num_draft_tokens=max(n, default=0),  # known here: saves a device sync
+        draft_prob_index=(
+            None if draft_prob_index is None else draft_prob_index.to(device=device)
+        ),
     )
 
 

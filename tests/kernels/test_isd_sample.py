@@ -31,6 +31,7 @@ def _run(
     mask_token_id: int = 0,
     top_k: int = 0,
     top_p: float = 1.0,
+    draft_prob_index: list[int] | None = None,
 ):
     vocab = logits.shape[1]
     return isd_verify_and_draft_ref(
@@ -45,6 +46,8 @@ def _run(
         torch.tensor(uniforms or [0.5] * len(drafts), dtype=torch.float64),
         torch.ones_like(logits) if noise is None else noise,
         mask_token_id,
+        None,
+        None if draft_prob_index is None else torch.tensor(draft_prob_index, dtype=torch.long),
     )
 
 
@@ -118,6 +121,40 @@ def test_random_draft_with_zero_draft_prob_is_rejected() -> None:
     assert step.num_accepted.tolist() == [0]
 
 
+def test_point_mass_draft_is_accepted_iff_u_at_most_its_target_prob() -> None:
+    logits = torch.log(torch.tensor([[1e-9, 0.25, 0.25, 0.5], [0.25, 0.25, 0.25, 0.25]]))
+    no_rows = torch.zeros(0, 4)
+    accept = _run(logits, [3], 0, 1.0, no_rows, [0.49], mask_token_id=0, draft_prob_index=[-1])
+    reject = _run(logits, [3], 0, 1.0, no_rows, [0.51], mask_token_id=0, draft_prob_index=[-1])
+    assert accept.num_accepted.tolist() == [1] and reject.num_accepted.tolist() == [0]
+
+
+def test_point_mass_rejection_emits_the_target_without_the_drafted_token() -> None:
+    """p~ = [0, .25, .25, .5], draft 3 rejected: the residual is [0, .25, .25, 0]; noise that
+    would pick 3 from p~ picks 2 from the residual (q~ = 1 at 3 takes all of p~(3))."""
+    logits = torch.log(torch.tensor([[1e-9, 0.25, 0.25, 0.5], [0.25, 0.25, 0.25, 0.25]]))
+    noise = torch.tensor([[1.0, 1.0, 0.9, 0.1], [1.0, 1.0, 1.0, 1.0]])
+    step = _run(
+        logits, [3], 0, 1.0, torch.zeros(0, 4), [0.99], noise, mask_token_id=0, draft_prob_index=[-1]
+    )
+    assert step.output_token_ids.tolist() == [[2, -1]]
+
+
+def test_point_masses_and_probs_rows_mix_in_one_request_through_the_index() -> None:
+    """Drafts [lookup 1, MASK-row 2]: the first a point mass, the second read from probs row 0.
+    u = .3 <= p~(1) = .5 accepts the first; the second has q~(2) = 0 (row 0 puts nothing there)
+    and is rejected; the residual there is p~ itself minus row 0 = [0, 0, 0, 1] at row 1."""
+    logits = torch.log(
+        torch.tensor([[1e-9, 0.5, 0.25, 0.25], [1e-9, 1e-9, 1e-9, 1.0], [0.25, 0.25, 0.25, 0.25]])
+    )
+    row0 = torch.tensor([[0.0, 0.5, 0.0, 0.5]])
+    step = _run(
+        logits, [1, 2], 0, 1.0, row0, [0.3, 0.0], mask_token_id=0, draft_prob_index=[-1, 0]
+    )
+    assert step.num_accepted.tolist() == [1]
+    assert step.output_token_ids.tolist() == [[1, 3, -1]]
+
+
 def test_random_bonus_is_exponential_race_on_bonus_row() -> None:
     logits = _two_row_random([0.0, 0.4, 0.2, 0.4])
     draft_probs = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
@@ -187,6 +224,16 @@ def _oracle_probs(row: Tensor, temperature: float, top_k: int, top_p: float, mas
     return z.softmax(0)
 
 
+def _oracle_draft_probs(batch: IsdBatch, draft: int, token: int) -> Tensor:
+    """q~ of a draft, written out: its probs row, or a one-hot at the token for a point mass."""
+    index = draft if batch.draft_prob_index is None else int(batch.draft_prob_index[draft])
+    if index >= 0:
+        return batch.draft_probs[index].double()
+    q = torch.zeros(batch.logits.shape[1], dtype=torch.float64)
+    q[token] = 1.0
+    return q
+
+
 def _oracle(batch: IsdBatch) -> tuple[list[list[int]], list[int], list[int], list[Tensor]]:
     """Per request, per draft, left to right, as in the speculative sampling papers."""
     outputs, num_accepted, next_ids, next_probs = [], [], [], []
@@ -213,7 +260,7 @@ def _oracle(batch: IsdBatch) -> tuple[list[list[int]], list[int], list[int], lis
             if greedy:
                 ok, emitted = d == argmax(row + r), argmax(row + r)
             else:
-                p, q = probs(row + r), batch.draft_probs[draft + r].double()
+                p, q = probs(row + r), _oracle_draft_probs(batch, draft + r, d)
                 ok = bool(q[d] > 0) and bool(p[d] >= batch.uniforms[draft + r] * q[d])
                 residual = (p - q).clamp_min(0)
                 emitted = race(row + r, residual if residual.sum() > 0 else p)
@@ -235,18 +282,31 @@ def _oracle(batch: IsdBatch) -> tuple[list[list[int]], list[int], list[int], lis
     return outputs, num_accepted, next_ids, next_probs
 
 
+@pytest.mark.parametrize("point_masses", [0.0, 0.5], ids=["probs", "point-masses"])
 @pytest.mark.parametrize("mode", ["greedy", "random", "mixed"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("vocab", [97, 1000])
-def test_ref_matches_textbook_oracle_on_random_batches(mode: str, seed: int, vocab: int) -> None:
+def test_ref_matches_textbook_oracle_on_random_batches(
+    mode: str, seed: int, vocab: int, point_masses: float
+) -> None:
     """vocab 1000 > the ref's 256-value sorted prefix: exercises its top-k shortcut and the
-    full-sort fallback for wide nuclei as well as the full sort."""
+    full-sort fallback for wide nuclei as well as the full sort. Point masses: half the random
+    drafts are a lookup's (q~ a one-hot in the oracle, no probs row in the batch)."""
     gen = torch.Generator().manual_seed(100 + seed)
     num_reqs = int(torch.randint(1, 9, (1,), generator=gen))
     drafts = torch.randint(0, 4, (num_reqs,), generator=gen).tolist()
     masks = torch.randint(0, 4, (num_reqs,), generator=gen).tolist()
     scale = 1.0 if vocab < 200 else 3.0
-    batch = make_isd_batch(num_reqs, vocab, drafts, masks, mode=mode, seed=seed, logit_scale=scale)
+    batch = make_isd_batch(
+        num_reqs,
+        vocab,
+        drafts,
+        masks,
+        mode=mode,
+        seed=seed,
+        logit_scale=scale,
+        point_masses=point_masses,
+    )
     step = isd_verify_and_draft_ref(*batch.args())
     outputs, num_accepted, next_ids, next_probs = _oracle(batch)
     width = max(drafts) + 1
@@ -312,6 +372,45 @@ def test_emitted_tokens_follow_the_target_after_rejection_and_at_the_bonus() -> 
     )
     assert _chi_square_p_value(step.output_token_ids[accepted, 1], target[1]) > 1e-3
     assert _chi_square_p_value(step.next_draft_ids, target[2]) > 1e-3
+
+
+def test_point_mass_drafts_leave_the_emitted_token_distributed_as_the_target() -> None:
+    """20k requests whose one draft is a lookup's point mass, the target's second most likely
+    token (so it is rejected often), T=0.8, top-p 0.95 over a vocab of 8: the first emitted
+    token ~ p~ (accepted or recovered), the recovered one ~ p~ without the draft, renormalised,
+    and the acceptance rate is p~(draft) (alpha = 1e-3 each)."""
+    gen = torch.Generator().manual_seed(11)
+    num_reqs, vocab, mask = 20_000, 8, 7
+    base = torch.randn(2, vocab, generator=gen) * 1.5  # target row, bonus row
+    params = [torch.tensor([v] * 2) for v in (0.8, 0, 0.95)]
+    target = target_probs_rows(base, params, mask)
+    token = int(target[0].argsort(descending=True)[1])
+    step = isd_verify_and_draft_ref(
+        base.repeat(num_reqs, 1),
+        torch.full((num_reqs,), token),
+        torch.zeros(0, vocab),
+        torch.ones(num_reqs, dtype=torch.long),
+        torch.zeros(num_reqs, dtype=torch.long),
+        torch.full((num_reqs,), 0.8),
+        torch.zeros(num_reqs, dtype=torch.long),
+        torch.full((num_reqs,), 0.95),
+        torch.rand(num_reqs, generator=gen, dtype=torch.float64),
+        torch.empty(2 * num_reqs, vocab).exponential_(generator=gen),
+        mask,
+        None,
+        torch.full((num_reqs,), -1, dtype=torch.long),
+    )
+    accepted = step.num_accepted == 1
+    rate = float(accepted.double().mean())
+    expected = float(target[0, token])
+    assert abs(rate - expected) < 4 * (expected * (1 - expected) / num_reqs) ** 0.5
+    residual = target[0].clone()
+    residual[token] = 0
+    assert _chi_square_p_value(step.output_token_ids[:, 0], target[0]) > 1e-3
+    assert (
+        _chi_square_p_value(step.output_token_ids[~accepted, 0], residual / residual.sum()) > 1e-3
+    )
+    assert _chi_square_p_value(step.output_token_ids[accepted, 1], target[1]) > 1e-3
 
 
 def target_probs_rows(logits: Tensor, params: list[Tensor], mask: int) -> Tensor:

@@ -35,6 +35,20 @@ def test_kernel_matches_ref_vocab_100(mode: str, seed: int) -> None:
     _check(batch)
 
 
+@pytest.mark.parametrize("mode", ["random", "mixed"])
+@pytest.mark.parametrize("point_masses", [0.5, 1.0], ids=["some", "all"])
+def test_kernel_matches_ref_with_point_mass_drafts(mode: str, point_masses: float) -> None:
+    """Lookup drafts (point masses, no probs row) beside MASK-row drafts read through the index;
+    all point masses: an empty ``draft_probs`` with every random draft indexed -1."""
+    batch = make_isd_batch(
+        5, 100, [3, 0, 2, 1, 3], [3, 3, 0, 1, 2], mode=mode, seed=21, device=DEVICE,
+        draft_noise=1.0, point_masses=point_masses,
+    )  # fmt: skip
+    if point_masses == 1.0 and mode == "random":
+        assert batch.draft_probs.shape[0] == 0
+    _check(batch)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_kernel_matches_ref_half_precision_logits(dtype: torch.dtype) -> None:
     _check(make_isd_batch(3, 100, 3, 3, mode="mixed", dtype=dtype, seed=5, device=DEVICE))
