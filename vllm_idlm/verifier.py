@@ -142,9 +142,7 @@ def verify_and_draft(
         noise,
         mask_token_id,
         max_num_draft_tokens=max(n, default=0),  # known here: saves a device sync
-        draft_prob_index=(
-            None if draft_prob_index is None else draft_prob_index.to(device=device)
-        ),
+        draft_prob_index=(None if draft_prob_index is None else draft_prob_index.to(device=device)),
     )
 
 

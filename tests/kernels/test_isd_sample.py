@@ -135,7 +135,15 @@ def test_point_mass_rejection_emits_the_target_without_the_drafted_token() -> No
     logits = torch.log(torch.tensor([[1e-9, 0.25, 0.25, 0.5], [0.25, 0.25, 0.25, 0.25]]))
     noise = torch.tensor([[1.0, 1.0, 0.9, 0.1], [1.0, 1.0, 1.0, 1.0]])
     step = _run(
-        logits, [3], 0, 1.0, torch.zeros(0, 4), [0.99], noise, mask_token_id=0, draft_prob_index=[-1]
+        logits,
+        [3],
+        0,
+        1.0,
+        torch.zeros(0, 4),
+        [0.99],
+        noise,
+        mask_token_id=0,
+        draft_prob_index=[-1],
     )
     assert step.output_token_ids.tolist() == [[2, -1]]
 
@@ -148,9 +156,7 @@ def test_point_masses_and_probs_rows_mix_in_one_request_through_the_index() -> N
         torch.tensor([[1e-9, 0.5, 0.25, 0.25], [1e-9, 1e-9, 1e-9, 1.0], [0.25, 0.25, 0.25, 0.25]])
     )
     row0 = torch.tensor([[0.0, 0.5, 0.0, 0.5]])
-    step = _run(
-        logits, [1, 2], 0, 1.0, row0, [0.3, 0.0], mask_token_id=0, draft_prob_index=[-1, 0]
-    )
+    step = _run(logits, [1, 2], 0, 1.0, row0, [0.3, 0.0], mask_token_id=0, draft_prob_index=[-1, 0])
     assert step.num_accepted.tolist() == [1]
     assert step.output_token_ids.tolist() == [[1, 3, -1]]
 
