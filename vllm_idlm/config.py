@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_idlm.adaptive_config import AdaptiveConfig
+from vllm_idlm.policy import PolicyConfig
 
 METHOD = "idlm"
 ADDITIONAL_CONFIG_KEY = "idlm"
@@ -38,41 +38,15 @@ def architecture_for(model_type: str | None) -> str:
 # Keys of vLLM's own speculative config that keep their meaning under ISD.
 _PASSTHROUGH_KEYS = frozenset({"disable_by_batch_size", "max_model_len"})
 _ISD_KEYS = frozenset(
-    {"method", "num_speculative_tokens", "draft_lora", "uniform_query_len", "adaptive"}
+    {"method", "num_speculative_tokens", "draft_lora", "uniform_query_len", "adaptive", "lookup"}
 )
+# The object form of "adaptive" (`vllm_idlm.policy.PolicyConfig`) and of "lookup".
+ADAPTIVE_KEYS = frozenset({"margin", "min_dwell", "probe_every", "step_ms", "row_ms"})
+LOOKUP_KEYS = frozenset({"min_ngram", "max_ngram"})
+DEFAULT_LOOKUP_NGRAM = (2, 4)
 
 
-# The object form of "adaptive": the pinned step cost (milliseconds) and the policy's knobs.
-STEP_COST_KEYS = frozenset(
-    {"step_ms", "row_ms", "draft_path_ms", "draft_request_ms", "mask_slot_ms"}
-)
-POLICY_KEYS = frozenset(
-    {
-        "ema",
-        "prior",
-        "relax",
-        "engine_ema",
-        "hysteresis",
-        "min_dwell",
-        "probe_every",
-        "max_probe_every",
-        "plain_probe_every",
-        "plain_margin",
-        "enter_margin",
-        "self_check",
-        "check_window",
-        "check_hold",
-        "max_check_hold",
-        "check_margin",
-        "bend",
-        "score_plain",
-        "replan_tolerance",
-    }
-)
-ADAPTIVE_KEYS = STEP_COST_KEYS | POLICY_KEYS
-
-
-def _adaptive_from_user(value: Any) -> Any:
+def _dashes_to_underscores(value: Any) -> Any:
     if isinstance(value, dict):
         return {k.replace("-", "_"): v for k, v in value.items()}
     return value
@@ -91,22 +65,35 @@ def _check_adaptive(value: Any) -> None:
             f"idlm: unknown adaptive setting(s) {sorted(unknown)}; accepted: {sorted(ADAPTIVE_KEYS)}"
         )
     for key, v in value.items():
-        if key in ("self_check", "bend", "score_plain"):  # the switches; AdaptiveConfig checks them
-            continue
         if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
             raise ValueError(f"idlm: adaptive {key} must be a number >= 0, got {v!r}")
-    cost = STEP_COST_KEYS & set(value)
-    if cost and not {"step_ms", "row_ms"} <= cost:
-        raise ValueError(
-            f"idlm: a pinned adaptive step cost needs both step_ms and row_ms (got {sorted(cost)})"
-        )
-    if cost and (value["step_ms"] <= 0 or value["row_ms"] <= 0):
-        raise ValueError("idlm: adaptive step_ms and row_ms must be > 0")
-
-    try:  # the policy's knobs, checked where the user gave them
-        AdaptiveConfig(strides=(1,), **{k: value[k] for k in POLICY_KEYS & set(value)})
-    except ValueError as error:
+    try:
+        PolicyConfig(strides=(1,), **value)
+    except (TypeError, ValueError) as error:
         raise ValueError(f"idlm: {error}") from None
+
+
+def _lookup_ngram(value: Any) -> tuple[int, int] | None:
+    """The n-gram lengths a lookup matches (None: no lookup)."""
+    if value is None or value is True:
+        return DEFAULT_LOOKUP_NGRAM
+    if value is False:
+        return None
+    if not isinstance(value, dict) or set(value) - LOOKUP_KEYS:
+        raise ValueError(
+            f"idlm: lookup must be true, false or an object with {sorted(LOOKUP_KEYS)}, "
+            f"got {value!r}"
+        )
+    low = value.get("min_ngram", DEFAULT_LOOKUP_NGRAM[0])
+    high = value.get("max_ngram", max(DEFAULT_LOOKUP_NGRAM[1], low))
+    for v in (low, high):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(
+                f"idlm: lookup min_ngram and max_ngram must be integers >= 1, got {v!r}"
+            )
+    if low > high:
+        raise ValueError(f"idlm: lookup min_ngram {low} is larger than max_ngram {high}")
+    return low, high
 
 
 @dataclass(frozen=True)
@@ -118,18 +105,15 @@ class IsdOptions:
     draft_lora: path of a gated-LoRA adapter (lossless mode) or None.
     uniform_query_len: pad cold starts with extra MASK slots so that every decode step
         has the same query length (1 + 2K), which full CUDA graphs need.
-    adaptive: choose each request's stride per step (0..K drafts, 0..K MASK slots, only
-        strides the checkpoint was trained for) for the most expected tokens per second of
-        the batch (`vllm_idlm.adaptive`); on by default (None resolves to True, or to False
-        with uniform_query_len, whose fixed query length it cannot keep); False keeps K
-        fixed. An object turns it on with settings (`ADAPTIVE_KEYS`): `step_ms` and
-        `row_ms` (and optionally `draft_path_ms`, `draft_request_ms`, `mask_slot_ms`) pin
-        the step cost model (a, b, d, e and m of `vllm_idlm.step_cost.StepCost`): the engine
-        neither measures nor refits it, so the strides follow acceptance alone, not this
-        machine's step timings (what tests and reproducible runs need); `ema`, `prior`,
-        `engine_ema`, `relax`, `hysteresis`, `min_dwell`, `probe_every`, `max_probe_every`,
-        `plain_probe_every`, `plain_margin`, `enter_margin`, `bend`, `score_plain`,
-        `replan_tolerance` (and the self-check's `check_*`) tune the policy (`vllm_idlm.adaptive`).
+    adaptive: choose the batch's stride per step (0..K, only strides the checkpoint was
+        trained for) for the most expected tokens per second (`vllm_idlm.policy`); on by
+        default (None resolves to True, or to False with uniform_query_len, whose fixed query
+        length it cannot keep); False keeps K fixed. An object turns it on with settings
+        (`ADAPTIVE_KEYS`): `margin`, `min_dwell`, `probe_every`, and `step_ms` with `row_ms`,
+        which pin the step cost (step_ms + row_ms per query row) so that the strides follow
+        acceptance alone, not this machine's timings (what tests and reproducible runs need).
+    lookup: the n-gram lengths (min, max) of the lookup draft source (`engine.lookup`), or
+        None for no lookup (the user's `"lookup": false`).
     strides: the K values the checkpoint was trained for (resolved at startup).
     mask_token_id: resolved from the checkpoint (or the adapter) at startup.
     passthrough: vLLM speculative-config keys forwarded unchanged.
@@ -139,6 +123,7 @@ class IsdOptions:
     draft_lora: str | None = None
     uniform_query_len: bool = False
     adaptive: bool | dict[str, Any] | None = None
+    lookup: tuple[int, int] | None = DEFAULT_LOOKUP_NGRAM
     mask_token_id: int | None = None
     strides: tuple[int, ...] = ()
     passthrough: dict[str, Any] = field(default_factory=dict)
@@ -173,6 +158,14 @@ class IsdOptions:
         return dict(self.adaptive) if isinstance(self.adaptive, dict) else {}
 
     @property
+    def lookup_on(self) -> bool:
+        return self.lookup is not None
+
+    @property
+    def lookup_ngram(self) -> tuple[int, int]:
+        return self.lookup or DEFAULT_LOOKUP_NGRAM
+
+    @property
     def num_slots(self) -> int:
         """Draft slots vLLM schedules per step: K drafts + K MASKs."""
         return 2 * self.num_drafts
@@ -192,7 +185,8 @@ class IsdOptions:
             num_drafts=spec["num_speculative_tokens"],
             draft_lora=spec.get("draft_lora"),
             uniform_query_len=bool(spec.get("uniform_query_len", False)),
-            adaptive=_adaptive_from_user(spec.get("adaptive")),
+            adaptive=_dashes_to_underscores(spec.get("adaptive")),
+            lookup=_lookup_ngram(_dashes_to_underscores(spec.get("lookup"))),
             passthrough={k: spec[k] for k in _PASSTHROUGH_KEYS if k in spec},
         )
 
@@ -203,6 +197,8 @@ class IsdOptions:
     def from_dict(cls, data: dict[str, Any]) -> IsdOptions:
         data = dict(data)
         data["strides"] = tuple(data.get("strides", ()))
+        if data.get("lookup") is not None:
+            data["lookup"] = tuple(data["lookup"])
         return cls(**data)
 
     def resolved(self, mask_token_id: int, trained_strides: tuple[int, ...]) -> IsdOptions:

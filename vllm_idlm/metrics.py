@@ -5,7 +5,8 @@ or a cold start (no drafts). vLLM's counters then mean:
 `spec_decode_num_drafts` = rounds, `..._num_draft_tokens` = real drafts verified,
 `..._num_accepted_tokens` = drafts accepted, `..._per_pos[i]` = rounds whose draft i was
 accepted. Each round emits accepted + 1 tokens, so tokens per forward = mean acceptance
-length = 1 + accepted / rounds.
+length = 1 + accepted / rounds. ISD's own counters split the verified drafts by source
+(`vllm:idlm_lookup_*`: a lookup in the request's own text; `vllm:idlm_mask_*`: MASK rows).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _PREFIX = "vllm:spec_decode_"
+_SOURCES = "vllm:idlm_"
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,24 @@ class IsdMetrics:
     num_draft_tokens: int
     num_accepted_tokens: int
     accepted_per_position: tuple[int, ...]
+    lookup_draft_tokens: int = 0
+    lookup_accepted_tokens: int = 0
+    mask_draft_tokens: int = 0
+    mask_accepted_tokens: int = 0
+
+    @property
+    def lookup_acceptance(self) -> float:
+        """Accepted / verified lookup drafts."""
+        return (
+            self.lookup_accepted_tokens / self.lookup_draft_tokens
+            if self.lookup_draft_tokens
+            else 0.0
+        )
+
+    @property
+    def mask_acceptance(self) -> float:
+        """Accepted / verified MASK-row drafts."""
+        return self.mask_accepted_tokens / self.mask_draft_tokens if self.mask_draft_tokens else 0.0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -31,7 +51,8 @@ class IsdMetrics:
 
     @property
     def cold_start_share(self) -> float:
-        """Rounds without drafts / all rounds (every verify round carries K drafts)."""
+        """Rounds without drafts / all rounds, where every verify round carries K drafts (a
+        fixed K, no lookup: lookup drafts and strides below K make it an estimate)."""
         if not self.num_rounds:
             return 0.0
         return 1.0 - self.num_draft_tokens / (self.num_drafts * self.num_rounds)
@@ -56,18 +77,25 @@ class IsdMetrics:
             self.num_draft_tokens - earlier.num_draft_tokens,
             self.num_accepted_tokens - earlier.num_accepted_tokens,
             tuple(a - b for a, b in zip(self.accepted_per_position, before, strict=True)),
+            self.lookup_draft_tokens - earlier.lookup_draft_tokens,
+            self.lookup_accepted_tokens - earlier.lookup_accepted_tokens,
+            self.mask_draft_tokens - earlier.mask_draft_tokens,
+            self.mask_accepted_tokens - earlier.mask_accepted_tokens,
         )
 
 
 def read_isd_metrics(metrics: Iterable[Any]) -> IsdMetrics:
     """From vLLM's `Metric` objects (name plus `value` or `values`)."""
     found: dict[str, Any] = {}
+    sources: dict[str, int] = {}
     for metric in metrics:
         name = metric.name
         if name.startswith(_PREFIX):
             found[name[len(_PREFIX) :]] = getattr(metric, "values", None) or getattr(
                 metric, "value", 0
             )
+        elif name.startswith(_SOURCES):
+            sources[name[len(_SOURCES) :]] = int(getattr(metric, "value", 0) or 0)
     per_pos = tuple(int(v) for v in found.get("num_accepted_tokens_per_pos", ()) or ())
     return IsdMetrics(
         num_drafts=len(per_pos),
@@ -75,4 +103,8 @@ def read_isd_metrics(metrics: Iterable[Any]) -> IsdMetrics:
         num_draft_tokens=int(found.get("num_draft_tokens", 0) or 0),
         num_accepted_tokens=int(found.get("num_accepted_tokens", 0) or 0),
         accepted_per_position=per_pos,
+        lookup_draft_tokens=sources.get("lookup_draft_tokens", 0),
+        lookup_accepted_tokens=sources.get("lookup_accepted_tokens", 0),
+        mask_draft_tokens=sources.get("mask_draft_tokens", 0),
+        mask_accepted_tokens=sources.get("mask_accepted_tokens", 0),
     )

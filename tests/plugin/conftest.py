@@ -50,28 +50,6 @@ def token_prompts(prompts):
     return [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
 
 
-def doubt_start_cost(llm, fraction: float = 0.01) -> float:
-    """As if the steps timed at engine start had cost `fraction` of what they did: whatever
-    real steps cost beyond that is in doubt (`StridePolicy._plain_probe_due`), so a batch
-    whose plan drafts is held plain every `plain_probe_every` steps on any machine, not only
-    where engine steps happen to run slower than the dummy steps timed at start. The engine
-    must have been opened with VLLM_ALLOW_INSECURE_SERIALIZATION=1 (the RPC is a function)."""
-
-    def shift(wrapper):  # runs in the worker (a closure: cloudpickle sends it by value)
-        cost = wrapper.worker.model_runner.drafter.state.policy.cost
-        cost.a_start *= fraction
-        return cost.a_start
-
-    (a_start,) = llm.collective_rpc(shift)
-    assert a_start > 0, "the step cost was not measured at start"
-    return a_start
-
-
-@pytest.fixture(scope="session")
-def doubt_start():
-    return doubt_start_cost
-
-
 @pytest.fixture(scope="session")
 def as_prompts():
     return token_prompts

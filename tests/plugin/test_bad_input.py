@@ -35,28 +35,36 @@ from vllm_idlm.config import IsdOptions
             "needs both step_ms and row_ms",
         ),
         (
-            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"probe_every": 0}},
-            "probe_every >= 1",
+            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"min_dwell": 1.5}},
+            "min_dwell must be a step count",
         ),
         (
-            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"self_check": 1}},
-            "self_check is true or false",
+            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"margin": 1}},
+            r"margin must be in \[0, 1\)",
         ),
         (
-            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"bend": "no"}},
-            "bend is true or false",
+            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"margin": -1}},
+            "adaptive margin must be a number >= 0",
         ),
         (
-            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"check_hold": 0}},
-            "check_hold >= 1",
+            {"method": "idlm", "num_speculative_tokens": 2, "lookup": "yes"},
+            "lookup must be true, false or an object",
         ),
         (
-            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"replan_tolerance": 1}},
-            "replan_tolerance in \\[0, 1\\)",
+            {"method": "idlm", "num_speculative_tokens": 2, "lookup": {"max_ngram": 0}},
+            "lookup min_ngram and max_ngram must be integers >= 1",
         ),
         (
-            {"method": "idlm", "num_speculative_tokens": 2, "adaptive": {"ema": -1}},
-            "adaptive ema must be a number >= 0",
+            {"method": "idlm", "num_speculative_tokens": 2, "lookup": {"n": 3}},
+            "lookup must be true, false or an object",
+        ),
+        (
+            {
+                "method": "idlm",
+                "num_speculative_tokens": 2,
+                "lookup": {"min_ngram": 5, "max_ngram": 3},
+            },
+            "lookup min_ngram 5 is larger than max_ngram 3",
         ),
         (
             {

@@ -130,9 +130,9 @@ def test_draft_probs_of_mask_rows_are_vllms_filtered_distribution_on_bf16_ties()
     for i in range(num_reqs):
         rows = rows_of(i)
         expected = vllm_filtered(logits[rows], [i] * (K + 1)).softmax(-1)
-        stored = sampler.state.draft_probs[f"r{i}"]
-        assert torch.allclose(stored.probs, expected[1:], atol=1e-6)
-        assert torch.equal(stored.probs > 0, expected[1:] > 0)  # the same kept set, ties included
+        _, stored = sampler.state.pending[f"r{i}"]
+        assert torch.allclose(stored, expected[1:], atol=1e-6)
+        assert torch.equal(stored > 0, expected[1:] > 0)  # the same kept set, ties included
         emitted = int(out.sampled_token_ids[i, 0])
         assert expected[0, emitted] > 0
 

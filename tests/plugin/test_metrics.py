@@ -24,7 +24,8 @@ def isd_run(request, demo_models, heldout_prompts, llm_factory, generate):
     k = request.param
     prompts = heldout_prompts[:NUM_PROMPTS]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    with llm_factory(demo_models["idlm"], k, spec_extra={"adaptive": False}) as llm:
+    fixed = {"adaptive": False, "lookup": False}  # the reference decoder drafts from MASK rows
+    with llm_factory(demo_models["idlm"], k, spec_extra=fixed) as llm:
         before = read_isd_metrics(llm.get_metrics())
         outputs = generate(llm, prompts, params)
         metrics = read_isd_metrics(llm.get_metrics()).minus(before)
@@ -70,3 +71,23 @@ def test_tokens_per_forward_is_mean_acceptance_length(isd_run):
     assert metrics.tokens_per_forward == pytest.approx(produced / metrics.num_rounds)
     assert 1.0 <= metrics.tokens_per_forward <= k + 1
     assert 0.0 < metrics.cold_start_share < 1.0
+
+
+def test_drafts_per_source_add_up_to_vllms_counters(
+    demo_models, heldout_prompts, llm_factory, generate
+):
+    """With the lookup on (single-token matches: it fires on most steps), ISD's counters per
+    source, read as `read_isd_metrics` reads them from `LLM.get_metrics()`, split vLLM's
+    draft and acceptance counters exactly, and the worker counted the same."""
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    extra = {"adaptive": False, "lookup": {"min_ngram": 1}}
+    with llm_factory(demo_models["idlm"], 3, spec_extra=extra) as llm:
+        generate(llm, heldout_prompts[:NUM_PROMPTS], params)
+        metrics = read_isd_metrics(llm.get_metrics())
+        (state,) = llm.collective_rpc("idlm_state")
+    assert metrics.lookup_draft_tokens > 0 and metrics.mask_draft_tokens > 0, metrics
+    assert metrics.lookup_draft_tokens + metrics.mask_draft_tokens == metrics.num_draft_tokens
+    assert (
+        metrics.lookup_accepted_tokens + metrics.mask_accepted_tokens == metrics.num_accepted_tokens
+    )
+    assert state["sources"]["lookup_drafts"] == metrics.lookup_draft_tokens, state["sources"]

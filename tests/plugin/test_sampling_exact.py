@@ -1,11 +1,12 @@
 """At T > 0, ISD's output is distributed exactly as plain sampling of the same model.
 
 Two-sample chi-square homogeneity tests on the marginal distribution of generated
-tokens 3, 4 and 5 after fixed held-out prefixes (tokens 1 and 2 come from prefill and
-the cold start, where no draft is verified, so they cannot catch a biased verifier).
+tokens 3, 4 and 5 after fixed held-out prefixes (token 1 comes from prefill, where no draft
+is verified). Drafts come from MASK rows and from a lookup in the request's own text (point
+masses); the third prefix repeats a snippet, so that the lookup fires on most steps there.
 Each test rejects at p < 1e-4; 2 ISD modes (fixed K, adaptive) x 4 sampling variants x
-3 positions x 2 prefixes = 48 tests, so the family-wise false-alarm rate is at most
-48e-4 = 0.48% (Bonferroni), and the engines are seeded, so a given build either passes or
+3 positions x 3 prefixes = 72 tests, so the family-wise false-alarm rate is at most
+72e-4 = 0.72% (Bonferroni), and the engines are seeded, so a given build either passes or
 fails reproducibly. The
 statistic's power is shown by `test_the_statistic_detects_a_temperature_change`.
 """
@@ -22,7 +23,7 @@ ALPHA = 1e-4
 # Its step cost is pinned (a step as dear as 2000 query rows): measured on a busy machine, the
 # policy may decode this tiny model plainly and verify almost nothing; pinned, the strides
 # follow acceptance alone (here it mixes K = 1 and K = 3) and every run drafts alike.
-ADAPTIVE = {"adaptive": {"step_ms": 40, "row_ms": 0.02}}
+ADAPTIVE = {"adaptive": {"step_ms": 40, "row_ms": 0.02, "probe_every": 4}}
 VARIANTS = {
     "T1": dict(temperature=1.0),
     "T0.8-topk20": dict(temperature=0.8, top_k=20),
@@ -39,7 +40,7 @@ def sample(llm, as_prompts, prefix, params_kwargs, n=NUM_SAMPLES) -> list[list[i
 
 @pytest.fixture(scope="module")
 def prefixes(heldout_prompts):
-    return [heldout_prompts[3], heldout_prompts[17]]
+    return [heldout_prompts[3], heldout_prompts[17], heldout_prompts[29][:12] * 3]
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +93,9 @@ def test_drafts_were_actually_verified_at_t_above_zero(samples, mode):
     m = samples[f"{mode}-metrics"]
     assert m.num_draft_tokens > 1000
     assert 0.05 < m.num_accepted_tokens / m.num_draft_tokens < 0.98
+    # Lookup drafts (point masses) among them, accepted and rejected: their rule is tested too.
+    assert m.lookup_draft_tokens > 1000, m
+    assert 0.05 < m.lookup_acceptance < 0.98, m
     if mode == "adaptive":
         drafting = {k: n for k, n in samples["adaptive-strides"].items() if k > 0}
         assert len(drafting) >= 2, f"one stride only: {samples['adaptive-strides']}"

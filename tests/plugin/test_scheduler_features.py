@@ -25,19 +25,15 @@ SHARED = dict(max_model_len=256, block_size=BLOCK, max_num_seqs=64)
 # Small KV cache (preemption) and a small token budget (chunked prefill).
 PRESSURE = dict(SHARED, num_gpu_blocks_override=40, max_num_batched_tokens=64, max_num_seqs=24)
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-# (checkpoint, gated adapter, adaptive): fixed K = 3; the adaptive policy with a pinned step
-# cost under which it mixes strides 0..3; and the adaptive policy on the cost it measures,
-# holding the whole batch plain every third step while it drafts (plain probes: a probed
-# step drops the drafts in hand, so that held every other step, a batch that drafts on all
-# the others verifies no draft: each cold step's drafts are dropped by the probe after it;
-# no margin over plain decoding, so that its plans draft
-# wherever they are expected to gain at all, and there is something to probe; the doubt
-# that calls for a probe is set, `doubt_start`, rather than left to the machine's timings).
+# (checkpoint, gated adapter, speculative-config extras): fixed K = 3 (the lookup on, as by
+# default); lossless; the stride policy with a pinned step cost under which it mixes strides
+# 0..3 (probes every fourth step); and an eager lookup (single-token matches) at fixed K, so
+# that lookup drafts and MASK-row drafts meet every feature in the same steps.
 MODES = {
-    "isd": ("idlm", None, False),
-    "lossless": ("base", "lora", False),
-    "adaptive": ("idlm", None, {"step_ms": 40, "row_ms": 0.02}),
-    "probing": ("idlm", None, {"plain_probe_every": 3, "plain_margin": 0, "enter_margin": 0}),
+    "isd": ("idlm", None, {"adaptive": False}),
+    "lossless": ("base", "lora", {"adaptive": False}),
+    "adaptive": ("idlm", None, {"adaptive": {"step_ms": 40, "row_ms": 0.02, "probe_every": 4}}),
+    "eager-lookup": ("idlm", None, {"adaptive": False, "lookup": {"min_ngram": 1}}),
 }
 
 
@@ -65,8 +61,8 @@ def settled_state(llm, prompt) -> dict:
 
 @pytest.fixture(scope="module", params=list(MODES))
 def mode(request, demo_models):
-    model, adapter, adaptive = MODES[request.param]
-    spec = {"adaptive": adaptive}
+    model, adapter, extras = MODES[request.param]
+    spec = dict(extras)
     if adapter:
         spec["draft_lora"] = str(demo_models[adapter])
     return request.param, demo_models[model], spec
@@ -80,29 +76,22 @@ def plain(mode, llm_factory):
 
 
 @pytest.fixture(scope="module")
-def isd(mode, llm_factory, doubt_start):
-    name, model, spec = mode
-    with pytest.MonkeyPatch.context() as env:
-        if name == "probing":  # the engine takes a function over RPC (`doubt_start`)
-            env.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        with llm_factory(model, K, spec_extra=spec, **SHARED) as llm:
-            if name == "probing":  # what drafting costs in doubt on any machine
-                doubt_start(llm)
-            yield llm
+def isd(mode, llm_factory):
+    _, model, spec = mode
+    with llm_factory(model, K, spec_extra=spec, **SHARED) as llm:
+        yield llm
 
 
 @pytest.fixture(scope="module")
-def pressured(mode, llm_factory, doubt_start):
+def pressured(mode, llm_factory):
     """In-process engine core: under a token budget and a small KV cache a request's steps
     (trimmed slots, preemptions) depend on which requests share them, and a separate engine
     process starts scheduling while requests are still arriving. In-process, every batch
     arrives whole, so a seeded run can be replayed step for step."""
-    name, model, spec = mode
+    _, model, spec = mode
     with pytest.MonkeyPatch.context() as env:
         env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         with llm_factory(model, K, spec_extra=spec, **PRESSURE) as llm:
-            if name == "probing":
-                doubt_start(llm)
             yield llm
 
 
@@ -257,8 +246,8 @@ def test_aborts_between_steps_leave_the_rest_exact_and_no_state_behind(
     assert [done[f"keep-{i}"] for i in range(8)] == expected
     assert sum(r.startswith("drop") for r in done) < 8
     state = settled_state(isd, prompts[0])
-    assert state["pending_drafts"] == 0 and state["stored_draft_probs"] == 0
-    assert state["scoring_drafts"] == 0
+    assert state["pending_drafts"] == 0 and state["proposed_drafts"] == 0
+    assert state["offered_drafts"] == 0 and state["tracked_requests"] == 0
     assert state["num_steps"] > 0
     assert_alive(isd, heldout_prompts[0], generate)
 
@@ -325,8 +314,8 @@ def test_preemption_and_resumption_stay_exact(plain, pressured, heldout_prompts,
     assert runs[0] == runs[1]
     assert counter(pressured, "vllm:num_preemptions") > preempted_before
     state = settled_state(pressured, prompts[0])
-    assert state["pending_drafts"] == 0 and state["stored_draft_probs"] == 0
-    assert state["scoring_drafts"] == 0
+    assert state["pending_drafts"] == 0 and state["proposed_drafts"] == 0
+    assert state["offered_drafts"] == 0 and state["tracked_requests"] == 0
 
 
 def test_chunked_prefill_of_prompts_longer_than_the_token_budget(
@@ -350,17 +339,17 @@ def test_async_scheduling_is_refused_with_a_clear_error(demo_models, llm_factory
         pass
 
 
-def test_the_adaptive_mode_varied_the_strides(mode, isd, heldout_prompts, generate):
-    """Last in this module: the adaptive engines went through the features above with more
-    than one stride (a fixed-K engine has no policy), the probing one with steps held plain
-    while its plan drafted."""
+def test_the_adaptive_mode_varied_the_strides_and_lookups_were_verified(
+    mode, isd, heldout_prompts, generate
+):
+    """Last in this module: the adaptive engine went through the features above with more than
+    one stride (a fixed-K engine has no stride choice), and every engine verified lookup
+    drafts beside MASK-row drafts."""
     state = settled_state(isd, heldout_prompts[0])
     chosen = state.get("strides_chosen")
-    if mode[0] in ("adaptive", "probing"):
+    if mode[0] == "adaptive":
         assert chosen and len([k for k, n in chosen.items() if n]) >= 2, chosen
     else:
         assert not chosen, chosen
-    if mode[0] == "probing":
-        assert state["probes"]["plain_steps"] > 0, state["probes"]
-    else:
-        assert not state.get("probes", {}).get("plain_steps"), state.get("probes")
+    sources = state["sources"]
+    assert sources["lookup_drafts"] > 0 and sources["mask_drafts"] > 0, sources

@@ -1,23 +1,11 @@
-"""The adaptive policy's step cost, measured once as the engine starts (after vLLM's warm-up).
-
-Two measurements on dummy steps, off the request path:
-
-- c(R) = a + b R: dummy forwards of R query rows, one request each, attending over
-  `CONTEXT` tokens of context, each with the logits and the argmax a plain step computes for
-  every row, fitted by least squares over R = 1 .. 512. The online
-  fit starts from a and keeps b near this measurement (a ridge, `StepCost.anchor_b`). What
-  each measured R leaves over the line is kept as it is (`StepCost.bend`): small batches
-  bend away from any line.
-- floors for d, the speculative path's fixed cost, and e, its cost per drafting request,
-  and m, what each MASK slot adds: steps of one request at each trained stride k and of
-  `MANY_REQUESTS` at the smallest (1 + 2k rows each: the last token, k drafts, k MASK
-  slots, in one query over the same context) against plain steps of as many rows, d + e +
-  m k and d + e n + m k n. The difference is what a dummy step can show of the speculative
-  path: one request's rows in one query, the gated adapter's pass over the MASK rows
-  (lossless mode) and the ISD sampler's pass against an argmax. Online timing of real steps can only raise d and e above them; m is
-  held as measured. Without the floor, d is fitted from the few steps that draft, and at
-  concurrency 1 every such step is also a step with more rows: d and b are nearly
-  collinear there, and a fit that put d at 0 priced drafting below what it costs.
+"""The stride policy's step times (`vllm_idlm.policy.StepTimes`), measured once as the engine
+starts (after vLLM's warm-up), on dummy steps off the request path: B requests at stride k, for
+B in `SIZES` (up to what the engine schedules at once) and every k the policy may choose. k = 0
+is a plain step (one query row per request); k > 0 is 1 + 2k query rows per request, the last k
+of them MASK slots (the gated adapter, if any, opens on them), then the ISD sampler's pass over
+them. Every dummy request attends over `CONTEXT` tokens: without attention metadata a dummy
+forward skips attention altogether, and priced a query row at a tenth of what real steps showed
+on the demo models.
 """
 
 from __future__ import annotations
@@ -30,19 +18,16 @@ from vllm.config import CUDAGraphMode
 
 from idlm_kernels.argmax import argmax_without
 from vllm_idlm.engine.proposer import IsdProposer
-from vllm_idlm.step_cost import least_squares, solve_floors
+from vllm_idlm.policy import StepTimes
 from vllm_idlm.verifier import verify_and_draft, verify_greedy
 
 logger = logging.getLogger("vllm_idlm")
 
-
-# The context every dummy step attends over (tokens per request, at most max_model_len).
-# Without attention metadata a dummy forward skips attention altogether: the line through
-# such steps priced a query row at 0.04 ms on the demo models, and the stride-3 step at one
-# request 0.04 ms over the stride-2 step, where the engine's real steps differed by 0.3-0.6
-# ms (RESULTS.md, thirtieth session). 256 is about what the benchmarks' requests hold
-# (prompts of 64-128 tokens, 64-256 generated).
+# Tokens of context every dummy request attends over (at most max_model_len): about what the
+# benchmarks' requests hold (prompts of 64-128 tokens, 64-256 generated).
 CONTEXT = 256
+# Batch sizes timed at start; beyond the largest the table is extended along its last segment.
+SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def _seq_len(runner, query_len: int) -> int:
@@ -90,8 +75,7 @@ def _sampler_pass(logits: torch.Tensor, k: int, requests: int, mask_token_id: in
     """What the ISD sampler does with an all-greedy step of `requests` requests at stride k
     (k drafts and k MASK slots each): on CPU, one argmax and the host pass
     (`IsdRejectionSampler._verify_greedy`), elsewhere the verify-and-draft pass and its one
-    sync. The floors are the cheapest path's: the online fit raises d where sampled
-    batches cost more."""
+    sync: the cheapest path's cost, which the real steps' times correct (`StepTimes`)."""
     if logits.device.type == "cpu":
         row_ids = argmax_without(logits, mask_token_id).tolist()
         verify_greedy(row_ids, [[0] * k] * requests, [k] * requests)
@@ -114,92 +98,44 @@ def _sampler_pass(logits: torch.Tensor, k: int, requests: int, mask_token_id: in
     torch.cat([step.num_accepted, step.next_draft_ids]).tolist()
 
 
-def speculative_floor(
-    runner, k: int, mask_token_id: int, requests: int = 1, repeats: int = 9
-) -> float:
-    """Seconds a step of `requests` requests at stride k costs over a plain step of as many
-    rows (>= 0): the least of `repeats` of each, taken in turns so that both see the same
-    machine."""
-    rows = (1 + 2 * k) * requests
-    plain = speculative = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        _plain_rows(runner, rows)
-        plain = min(plain, time.perf_counter() - start)
-        start = time.perf_counter()
-        _speculative_rows(runner, k, mask_token_id, requests)
-        speculative = min(speculative, time.perf_counter() - start)
-    return max(speculative - plain, 0.0)
-
-
-def speculative_floors(
-    runner, strides: list[int], mask_token_id: int, many: int
-) -> tuple[float, float, float]:
-    """Floors of d and e, and m: the speculative path's cost over plain steps of as many rows
-    for one request at each stride k, d + e + m k (m, what a MASK slot adds, is the slope over
-    k: the gated adapter's pass grows with its rows), and for `many` requests at the smallest
-    stride, d + e many + m k many; solved for d, e and m (each >= 0)."""
-    one = {k: speculative_floor(runner, k, mask_token_id) for k in strides}
-    if many < 2:
-        return solve_floors(one)
-    return solve_floors(one, many, speculative_floor(runner, strides[0], mask_token_id, many))
-
-
-# The batch on which the per-request cost of drafting is measured (against one request).
-MANY_REQUESTS = 8
-
-
-def calibrate(
-    runner, policy, sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 128, 512), repeats: int = 5
-) -> float:
-    """Measure a, b and the floors of d and e for `policy`'s cost model; returns the seconds
-    it took. Each row count is timed once per round, the least of `repeats` rounds kept: a
-    burst of load on the machine then reaches one timing of every size, not every timing of
-    one (neighbouring sizes are compared in the bend). Largest first: a small forward timed
-    right after the 512-row one ran 0.5 ms slow on the demo models (its caches evicted),
-    which the bend took for the shape of one-row steps."""
+def measure(runner, choices: tuple[int, ...], mask_token_id: int, repeats: int = 5) -> StepTimes:
+    """Time a step of B requests at stride k for every B in `SIZES` the engine can schedule and
+    every k in `choices`, the least of `repeats` rounds (each round times every cell once, the
+    largest batches first: a small forward timed right after a large one ran slow, its caches
+    evicted), made monotone (`monotone`)."""
     scheduler = runner.scheduler_config
     limit = min(
-        scheduler.max_num_batched_tokens,
-        scheduler.max_num_seqs * runner.model_config.max_model_len,
+        scheduler.max_num_batched_tokens, scheduler.max_num_seqs * runner.model_config.max_model_len
     )
-    began = time.perf_counter()
-    best = dict.fromkeys(sorted({min(s, limit) for s in sizes}, reverse=True), float("inf"))
+    widest = 1 + 2 * max(choices)
+    sizes = [b for b in SIZES if b <= scheduler.max_num_seqs and b * widest <= limit] or [1]
+    best = {(b, k): float("inf") for b in sizes for k in choices}
     for _ in range(repeats):
-        for rows in best:
-            start = time.perf_counter()
-            _plain_rows(runner, rows)
-            best[rows] = min(best[rows], time.perf_counter() - start)
-    points = sorted(best.items())
-    cost = policy.cost
-    fit = least_squares(points)
-    if fit is not None and fit[0] > 0 and fit[1] > 0:
-        cost.a = cost.a_start = fit[0]
-        cost.anchor_b(fit[1], fit[2])
-        if policy.config.bend:
-            cost.shape = [(r, t - (cost.a + cost.b * r)) for r, t in points]
-    strides = sorted(k for k in set(policy.config.strides) if 1 + 2 * k <= limit)
-    if strides:
-        k = strides[0]
-        many = min(MANY_REQUESTS, limit // (1 + 2 * k), runner.scheduler_config.max_num_seqs)
-        mask_id = runner.drafter.options.mask_token_id
-        d, e, cost.m = speculative_floors(runner, strides, mask_id, many)
-        cost.floor_d(d)
-        cost.floor_e(e)
-    seconds = time.perf_counter() - began
-    logger.info(
-        "idlm: step cost %.2f ms + %.4f ms per query row, + %.2f ms + %.3f ms per drafting "
-        "request (at least) + %.3f ms per MASK slot when requests draft (measured on %s rows "
-        "in %.1f s)",
-        cost.a * 1e3,
-        cost.b * 1e3,
-        cost.d * 1e3,
-        cost.e * 1e3,
-        cost.m * 1e3,
-        [r for r, _ in points],
-        seconds,
-    )
-    return seconds
+        for b in reversed(sizes):
+            for k in choices:
+                start = time.perf_counter()
+                if k:
+                    _speculative_rows(runner, k, mask_token_id, b)
+                else:
+                    _plain_rows(runner, b)
+                best[b, k] = min(best[b, k], time.perf_counter() - start)
+    table = monotone([[best[b, k] for k in choices] for b in sizes])
+    return StepTimes(tuple(choices), sizes, table)
+
+
+def monotone(table: list[list[float]]) -> list[list[float]]:
+    """No cell above one with more requests or a longer stride (more rows): load on the machine
+    only ever adds time, so a cell measured above a larger one is a slow measurement, and the
+    larger one's time is the better bound on it (a least over the cells beyond, per column and
+    then per row). Seen on a busy machine: one request plain 10.6 ms, two requests 1.9 ms."""
+    out = [list(row) for row in table]
+    for j in range(len(out[0]) if out else 0):
+        for i in range(len(out) - 2, -1, -1):
+            out[i][j] = min(out[i][j], out[i + 1][j])
+    for row in out:
+        for j in range(len(row) - 2, -1, -1):
+            row[j] = min(row[j], row[j + 1])
+    return out
 
 
 def policy_of(runner):
@@ -209,12 +145,21 @@ def policy_of(runner):
 
 
 def calibrate_once(runner) -> bool:
-    """Measure the step cost of an ISD runner whose adaptive policy is not pinned, once;
-    True when it did. The random state is left as it was (vLLM seeds it after its warm-up)."""
+    """Measure the step times of an ISD runner whose policy is not pinned, once; True when it
+    did. The random state is left as it was (vLLM seeds it after its warm-up)."""
     policy = policy_of(runner)
-    if policy is None or policy.cost.pinned or getattr(runner, "_idlm_calibrated", False):
+    if policy is None or policy.times.pinned or getattr(runner, "_idlm_calibrated", False):
         return False
     runner._idlm_calibrated = True
+    began = time.perf_counter()
     with torch.inference_mode(), torch.random.fork_rng():
-        runner._idlm_calibration_s = calibrate(runner, policy)
+        policy.times = measure(runner, policy.choices, runner.drafter.options.mask_token_id)
+    runner._idlm_calibration_s = time.perf_counter() - began
+    logger.info(
+        "idlm: step times (ms) at batch sizes %s, strides %s: %s (measured in %.1f s)",
+        policy.times.sizes,
+        list(policy.choices),
+        [[round(t * 1e3, 2) for t in row] for row in policy.times.table],
+        runner._idlm_calibration_s,
+    )
     return True

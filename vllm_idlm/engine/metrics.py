@@ -1,13 +1,23 @@
-"""Prometheus spec-decode counters sized for ISD's K real drafts, not its 2K slots."""
+"""Prometheus spec-decode counters sized for ISD's K real drafts, not its 2K slots, and ISD's own
+counters of verified drafts per source (`vllm:idlm_{lookup,mask}_{draft,accepted}_tokens`)."""
 
 from __future__ import annotations
 
 import copy
 import functools
 
+from vllm.v1.metrics.utils import create_metric_per_engine
 from vllm.v1.spec_decode.metrics import SpecDecodingProm
 
 from vllm_idlm.engine.args import PROPOSER_CLASS
+
+# The counters of verified drafts per source, in `SourceCounts.as_list` order.
+SOURCE_COUNTERS = (
+    ("vllm:idlm_lookup_draft_tokens", "Lookup drafts verified (ISD)."),
+    ("vllm:idlm_lookup_accepted_tokens", "Lookup drafts accepted (ISD)."),
+    ("vllm:idlm_mask_draft_tokens", "MASK-row drafts verified (ISD)."),
+    ("vllm:idlm_mask_accepted_tokens", "MASK-row drafts accepted (ISD)."),
+)
 
 
 def is_isd(speculative_config) -> bool:
@@ -19,12 +29,14 @@ def is_isd(speculative_config) -> bool:
 
 
 def install() -> None:
-    original = SpecDecodingProm.__init__
-    if getattr(original, "_idlm_wrapped", False):
+    original_init = SpecDecodingProm.__init__
+    if getattr(original_init, "_idlm_wrapped", False):
         return
+    original_observe = SpecDecodingProm.observe
 
-    @functools.wraps(original)
-    def __init__(self, speculative_config, *args, **kwargs):
+    @functools.wraps(original_init)
+    def __init__(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs):
+        self.idlm_sources = None
         if is_isd(speculative_config):
             speculative_config = copy.copy(speculative_config)
             object.__setattr__(
@@ -32,7 +44,25 @@ def install() -> None:
                 "num_speculative_tokens",
                 speculative_config.num_speculative_tokens // 2,
             )
-        original(self, speculative_config, *args, **kwargs)
+            self.idlm_num_drafts = speculative_config.num_speculative_tokens
+            self.idlm_sources = [
+                create_metric_per_engine(
+                    self._counter_cls(name=name, documentation=doc, labelnames=labelnames),
+                    per_engine_labelvalues,
+                )
+                for name, doc in SOURCE_COUNTERS
+            ]
+        original_init(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs)
+
+    @functools.wraps(original_observe)
+    def observe(self, spec_decoding_stats, engine_idx: int = 0):
+        original_observe(self, spec_decoding_stats, engine_idx)
+        if self.idlm_sources is None:
+            return
+        tail = spec_decoding_stats.num_draft_tokens_per_pos[self.idlm_num_drafts :]
+        for counters, value in zip(self.idlm_sources, tail, strict=False):
+            counters[engine_idx].inc(value)
 
     __init__._idlm_wrapped = True
     SpecDecodingProm.__init__ = __init__
+    SpecDecodingProm.observe = observe

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from dataclasses import dataclass
 
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -13,8 +14,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm_idlm.engine.calibration import calibrate_once, policy_of
 from vllm_idlm.engine.proposer import IsdProposer
 from vllm_idlm.engine.sampler import IsdRejectionSampler
-from vllm_idlm.engine.scheduler import DRAFTS_ATTR
-from vllm_idlm.step_cost import StepRecord, observe_step
+from vllm_idlm.engine.scheduler import DRAFTS_ATTR, SOURCES_ATTR
 
 logger = logging.getLogger("vllm_idlm")
 
@@ -115,11 +115,28 @@ def _is_isd(runner) -> bool:
     return isinstance(getattr(runner, "drafter", None), IsdProposer)
 
 
+# A gap longer than this between one step's end and the next step's start is idle time (no
+# work queued), not the cost of the step before it.
+IDLE_GAP_S = 0.05
+
+
+@dataclass
+class _Step:
+    """One engine step as the policy's step times learn from it."""
+
+    start: float
+    batch: int  # requests in the step
+    stride: int  # the policy's stride for it
+    timed: bool  # a decode step (no prompt tokens) at the stride held, not a probe
+    sampled: float | None = None  # when its sampling ended
+
+
 def _install_step_timing() -> None:
-    """Time every step for the cost model: from one step's start (execute_model) to the next
-    one's, so that what the engine does between forwards for the step (scheduling the draft
-    slots, applying verdicts, shipping outputs) counts too; a step followed by an idle gap is
-    timed to the end of its sampling only."""
+    """Time every step for the policy's step times: from one step's start (execute_model) to
+    the next one's, so that what the engine does between forwards for the step (scheduling the
+    draft slots, applying verdicts, shipping outputs) counts too; a step followed by an idle
+    gap is timed to the end of its sampling only. Steps that carry prompt tokens (their time is
+    the prefill's) and probes (not the stride held) are not counted."""
     original_execute = GPUModelRunner.execute_model
     original_sample = GPUModelRunner.sample_tokens
 
@@ -127,7 +144,6 @@ def _install_step_timing() -> None:
     def execute_model(self, scheduler_output, *args, **kwargs):
         total = scheduler_output.total_num_scheduled_tokens
         if total and _is_isd(self):
-            policy = policy_of(self)
             slots = scheduler_output.scheduled_spec_decode_tokens
             requests = len(scheduler_output.num_scheduled_tokens)
             # A row that samples per request and per draft slot; the rest are prompt tokens.
@@ -138,20 +154,17 @@ def _install_step_timing() -> None:
             counts[1] += rows
             counts[2] += drafting > 0
             counts[3] += drafting
-            if policy is not None:
+            policy = policy_of(self)
+            if policy.fixed is None:
                 now = time.perf_counter()
                 step = getattr(self, "_idlm_step", None)
-                seconds = observe_step(policy.cost, step, now)
-                if seconds is not None:
-                    policy.measured(step, seconds)
+                if step is not None and step.timed and step.sampled is not None:
+                    end = now if now - step.sampled <= IDLE_GAP_S else step.sampled
+                    policy.times.observe(step.batch, step.stride, end - step.start)
                 if calibrate_once(self):  # its warm-up was skipped: before the first step
                     now = time.perf_counter()
-                plan = policy.planned
-                mask_id = self.drafter.options.mask_token_id
-                masks = sum(s.count(mask_id) for s in slots.values())
-                self._idlm_step = StepRecord(
-                    now, rows, drafting, total - rows, masks=masks, plan=plan
-                )
+                timed = rows == total and not policy.probing
+                self._idlm_step = _Step(now, requests, policy.stride, timed)
         return original_execute(self, scheduler_output, *args, **kwargs)
 
     @functools.wraps(original_sample)
@@ -161,12 +174,12 @@ def _install_step_timing() -> None:
         step = getattr(self, "_idlm_step", None)
         if step is not None:
             step.sampled = time.perf_counter()
-            if step.plan is not None and isinstance(output, ModelRunnerOutput):  # self_check
-                step.tokens = sum(map(len, output.sampled_token_ids))
         if executed and isinstance(output, ModelRunnerOutput) and _is_isd(self):
             # The next step's drafts travel with this step's output (IsdScheduler applies
-            # them), saving the engine a round trip to the worker to fetch them.
+            # them), saving the engine a round trip to the worker to fetch them; so do the
+            # step's verdicts per draft source, for the metrics.
             setattr(output, DRAFTS_ATTR, self.take_draft_token_ids())
+            setattr(output, SOURCES_ATTR, self.drafter.state.step_sources.as_list())
         return output
 
     GPUModelRunner.execute_model = execute_model
@@ -183,18 +196,23 @@ def idlm_state(worker) -> dict | None:
     state = drafter.state
     out = {
         "pending_drafts": len(state.pending),
-        "stored_draft_probs": len(state.draft_probs),
-        "scoring_drafts": len(state.scoring),
-        "num_scored": state.num_scored,
+        "proposed_drafts": len(state.proposed),
+        "offered_drafts": len(state.offered),
         "num_steps": state.num_steps,
         "num_cold_starts": state.num_cold_starts,
         "num_unverifiable": state.num_unverifiable,
         "num_plain_steps": state.num_plain_steps,
+        "sources": dict(
+            zip(
+                ("lookup_drafts", "lookup_accepted", "mask_drafts", "mask_accepted"),
+                state.sources.as_list(),
+                strict=True,
+            )
+        ),
     }
     steps, rows, spec, drafting = getattr(runner, "_idlm_rows", (0, 0, 0, 0))
     # Decode rows (one per request plus its draft slots) over all steps, the steps that took
-    # the speculative path and the requests that drafted in them: with a step cost
-    # a + b rows (+ d + e drafting), what the steps cost.
+    # the speculative path and the requests that drafted in them.
     out["decode_rows"] = {
         "steps": steps,
         "rows": rows,
@@ -202,32 +220,24 @@ def idlm_state(worker) -> dict | None:
         "draft_requests": drafting,
     }
     policy = state.policy
-    if policy is not None:
-        # What the adaptive policy believes: its step cost model and the engine-wide
-        # conditional acceptance per position.
-        cost = policy.cost
-        out["step_cost"] = {
-            "a": cost.a,
-            "b": cost.b,
-            "d": cost.d,
-            "d_floor": cost.d_min,
-            "e": cost.e,
-            "e_floor": cost.e_min,
-            "m": cost.m,
+    out["tracked_requests"] = len(policy.requests)
+    if policy.fixed is None:
+        # What the policy believes: its step times, the engine-wide conditional acceptance
+        # per position, and what it chose.
+        times = policy.times
+        out["step_times"] = {
+            "sizes": list(times.sizes),
+            "strides": list(times.choices),
+            "table_ms": [[t * 1e3 for t in row] for row in times.table],
+            "pinned": times.pinned,
+            "factors": {f"{b},{k}": f for (b, k), f in sorted(times.factors.items())},
         }
-        # Where steps measured at start left the line, rows -> seconds (`StepCost.bend`).
-        out["step_cost_bend"] = [list(point) for point in cost.shape]
         out["calibration_s"] = getattr(runner, "_idlm_calibration_s", None)
-        out["engine_acceptance"] = list(policy.engine_conditional)
+        out["engine_acceptance"] = list(policy.engine)
         out["observed_positions"] = list(policy.observed)
         out["strides_chosen"] = dict(sorted(policy.chosen.items()))
-        out["probes"] = dict(policy.probed)
-        if policy.check is not None:  # verdicts of the check against plain decoding
-            out["self_check"] = {
-                "steps": policy.check.steps,
-                "verdicts": dict(policy.check.verdicts),
-                "bands": {b: band.held for b, band in sorted(policy.check.bands.items())},
-            }
+        out["probes"] = policy.probes
+        out["switches"] = policy.switches
     return out
 
 

@@ -43,7 +43,7 @@ from vllm.v1.sample.rejection_sampler import (
 
 from idlm_kernels.argmax import argmax_without
 from vllm_idlm.config import IsdOptions
-from vllm_idlm.engine.state import IsdState, StoredDrafts
+from vllm_idlm.engine.state import IsdState
 from vllm_idlm.slots import SlotPlan, plan_slots
 from vllm_idlm.verifier import sample_without_drafts, verify_and_draft, verify_greedy
 
@@ -145,11 +145,11 @@ class IsdRejectionSampler(RejectionSampler):
         device = rows.device
         if batch.all_greedy and device.type == "cpu":
             return self._verify_greedy(batch, plan, rows, width)
-        plan, stored_probs = self._stored_draft_probs(plan, batch, rows.shape[-1], device)
+        plan, probs, index = self._draft_probs(plan, batch, rows.shape[-1], device)
         step = verify_and_draft(
             rows,
             torch.tensor(plan.draft_token_ids, dtype=torch.int64, device=device),
-            stored_probs,
+            probs,
             plan.num_draft_tokens,
             list(plan.num_rows_after),
             self._verifier_temperature(batch, sm, device),
@@ -158,6 +158,7 @@ class IsdRejectionSampler(RejectionSampler):
             generators,
             self.options.mask_token_id,
             all_greedy=batch.all_greedy,
+            draft_prob_index=index,
         )
         num_reqs = len(batch.slots)
         host = torch.cat([step.num_accepted, step.next_draft_ids]).tolist()  # the one sync
@@ -211,38 +212,47 @@ class IsdRejectionSampler(RejectionSampler):
             greedy = (sm.temperature < 1e-5).tolist()
         return _Batch([""] * len(num_slots), slots, greedy, live=False)
 
-    def _stored_draft_probs(self, plan: SlotPlan, batch: _Batch, vocab: int, device):
-        """The draft probs of this step's real drafts (random requests only), and the plan
-        with every request whose drafts cannot be paired with their probs made a cold start."""
+    def _draft_probs(self, plan: SlotPlan, batch: _Batch, vocab: int, device):
+        """The draft probs of this step's drafts and each draft's row among them (-1: a point
+        mass, a lookup's), and the plan with every random request whose drafts cannot be
+        paired with what was proposed made a cold start. (None, None) when no random request
+        has drafts: greedy drafts are verified by equality."""
         if not any(d and not g for d, g in zip(plan.drafts, batch.greedy, strict=True)):
-            return plan, None  # greedy drafts are argmaxes: the verifier needs no probs
+            return plan, None, None
         parts: list[torch.Tensor] = []
+        index: list[int] = []
+        rows = 0
         unverifiable: list[int] = []
         for i, drafts in enumerate(plan.drafts):
             if not drafts:
                 continue
-            probs = None
-            if not batch.greedy[i]:
-                stored = self.state.draft_probs.get(batch.req_ids[i])
-                probs = stored.matching(drafts) if stored is not None else None
-                if probs is None:
-                    unverifiable.append(i)
-                    continue
-            parts.append(
-                probs if probs is not None else torch.zeros(len(drafts), vocab, device=device)
-            )
+            if batch.greedy[i]:
+                index += [-1] * len(drafts)  # never read: greedy rows compare argmaxes
+                continue
+            proposal = self.state.proposed.get(batch.req_ids[i])
+            if proposal is None or not proposal.matching(drafts):
+                unverifiable.append(i)
+                continue
+            lookup = min(proposal.num_lookup, len(drafts))
+            held = len(drafts) - lookup
+            index += [-1] * lookup + list(range(rows, rows + held))
+            if held:
+                parts.append(proposal.probs[:held])
+                rows += held
         if unverifiable:
             if batch.live:
                 self.state.num_unverifiable += len(unverifiable)
                 logger.warning(
-                    "idlm: %d request(s) arrived with drafts that have no matching draft "
-                    "probabilities; their drafts are ignored this step (output unchanged)",
+                    "idlm: %d request(s) arrived with drafts that were not proposed for them; "
+                    "their drafts are ignored this step (output unchanged)",
                     len(unverifiable),
                 )
-            plan = plan.without_drafts(unverifiable)
-        if not parts:
-            return plan, None
-        return plan, torch.cat(parts).contiguous()
+            return self._draft_probs(plan.without_drafts(unverifiable), batch, vocab, device)
+        if parts:
+            probs = torch.cat(parts).to(device)
+        else:  # every random draft a point mass: no probs row at all
+            probs = torch.zeros(0, vocab, dtype=torch.float32, device=device)
+        return plan, probs, torch.tensor(index, dtype=torch.int64, device=device)
 
     @staticmethod
     def _logprob_row_indices(metadata, width: int, num_rows: int) -> torch.Tensor:
@@ -320,25 +330,30 @@ class IsdRejectionSampler(RejectionSampler):
         return (sm.temperature >= 1e-5).to(torch.float32)
 
     def _record(self, batch: _Batch, plan: SlotPlan, num_accepted, next_ids, next_probs) -> None:
-        """Keep the next drafts (and their probs) of requests whose drafts all passed."""
+        """Keep the next drafts (and their probs) of requests whose drafts all passed; hand the
+        verdicts to the policy and count them per source."""
         k = self.options.num_drafts
-        state = self.state
+        state, policy = self.state, self.state.policy
+        counts = state.step_sources = type(state.step_sources)()
         start = 0
         for i, req_id in enumerate(batch.req_ids):
             m = plan.num_rows_after[i]
             n = len(plan.drafts[i])
-            state.draft_probs.pop(req_id, None)
             state.pending.pop(req_id, None)
-            if n and state.policy is not None:
-                state.policy.observe(req_id, n, num_accepted[i])
+            proposal = state.proposed.pop(req_id, None)
+            if n:
+                if policy is not None:
+                    policy.observe(req_id, n, num_accepted[i])
+                lookup = proposal.num_lookup if proposal is not None else 0
+                counts.add(n, num_accepted[i], lookup)
             if m and plan.keeps_next_drafts[i] and num_accepted[i] == n:
                 drafts = next_ids[start : start + min(m, k)]
-                state.pending[req_id] = drafts
+                probs = None
                 if not batch.greedy[i]:
-                    state.draft_probs[req_id] = StoredDrafts(
-                        tuple(drafts), next_probs[start : start + len(drafts)].clone()
-                    )
+                    probs = next_probs[start : start + len(drafts)].clone()
+                state.pending[req_id] = (drafts, probs)
             start += m
             if m:
                 state.num_steps += 1
                 state.num_cold_starts += int(n == 0)
+        state.sources.add_counts(counts)

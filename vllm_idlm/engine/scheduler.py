@@ -25,6 +25,11 @@ from vllm_idlm.slots import num_real_drafts
 
 # ModelRunnerOutput attribute carrying the step's DraftTokenIds (None: no drafts).
 DRAFTS_ATTR = "idlm_draft_token_ids"
+# ModelRunnerOutput attribute carrying the step's verified drafts per source
+# (`vllm_idlm.engine.state.SourceCounts.as_list`); they travel on to the frontend's metrics at
+# the tail of `SpecDecodingStats.num_draft_tokens_per_pos`, past its K per-position counts (the
+# one list of that object nothing else reads; `vllm_idlm.engine.metrics`).
+SOURCES_ATTR = "idlm_sources"
 
 
 class IsdScheduler(Scheduler):
@@ -55,6 +60,12 @@ class IsdScheduler(Scheduler):
         drafts = getattr(model_runner_output, DRAFTS_ATTR, None)
         if drafts is not None:
             self.update_draft_token_ids(drafts)
+        sources = getattr(model_runner_output, SOURCES_ATTR, None)
+        if sources and any(sources):
+            for eco in outputs.values():
+                stats = eco.scheduler_stats
+                if stats is not None and stats.spec_decoding_stats is not None:
+                    stats.spec_decoding_stats.num_draft_tokens_per_pos.extend(sources)
         return outputs
 
     def make_spec_decoding_stats(
