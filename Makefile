@@ -44,7 +44,7 @@ demo-tiny: demo-models
 smollm2-recipes: venv
 	$(BIN)/idlm-train build --recipe smollm2_lora --out $(HOME)/.cache/vllm-idlm/smollm2
 	$(BIN)/idlm-train build --recipe smollm2_convert --out $(HOME)/.cache/vllm-idlm/smollm2
-	$(BIN)/python benchmarks/chat_bench.py --out results/chat_bench.csv
+	$(BIN)/python benchmarks/compare.py --models $(HOME)/.cache/vllm-idlm/smollm2 --lora $(HOME)/.cache/vllm-idlm/smollm2/smollm2_lora/lora --workload code --out results/smollm2_lora_code.csv
 
 lint: venv
 	$(BIN)/ruff check .

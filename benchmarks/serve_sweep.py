@@ -2,19 +2,19 @@
 
     python benchmarks/serve_sweep.py --models ~/.cache/vllm-idlm/demo --out results/serve_sweep.csv
 
-The same methods and held-out prompts as `benchmarks/sweep.py` (plain decoding, ISD at fixed
-K, adaptive ISD, vLLM's ngram), but each method is a real OpenAI-compatible server and the load
-comes from vLLM's own benchmark client: for every temperature and concurrency c,
+The same methods and held-out prompts as `benchmarks/compare.py` (`common.parse_method`), but
+each method is a real OpenAI-compatible server and the load comes from vLLM's own benchmark
+client: for every temperature and concurrency c,
 `vllm bench serve --dataset-name custom --max-concurrency c` over the prompts (as text,
 `--ignore-eos` so every method produces the same number of tokens). Tokens per forward come
 from the server's Prometheus counters (1 + accepted / draft rounds; for ISD a cold start is a
-round with no drafts). Writes a CSV with the same columns as the offline sweep plus mean TTFT
-and TPOT, and the PNG.
+round with no drafts). Writes a CSV (method, temperature, concurrency, tok/s, ratio to plain,
+mean TTFT and TPOT) and the PNG.
 
 All servers are up at once and take turns at each point, the order rotating from point to
 point with a quiet gap between them, as the offline sweep's engines do: run one server after
 another, a ratio to plain compared runs a quarter of an hour apart on a machine whose speed
-drifts by a third over such spans (RESULTS.md, fourteenth session). `--one-at-a-time` runs
+drifts by a third over such spans (DECISIONS.md). `--one-at-a-time` runs
 one server after another (less memory: seven demo-model servers took 11 GiB together).
 
 `--requests` sets how many requests each point sends (default: as many as `--prompts`, the
@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sweep import QUIET_S, add_arguments, heldout, methods, report  # noqa: E402
+from common import DEMO_DIR, QUIET_S, demo_prompts, parse_method, write_table  # noqa: E402
 
 SERVER_FLAGS = ["--enforce-eager", "--seed", "0"]
 # KV cache per server: the demo models need 4 KB per token, 64 requests of 96 tokens 25 MB.
@@ -66,7 +66,7 @@ def write_dataset(models: Path, args, folder: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(models / "base")
     path = folder / "prompts.jsonl"
     with open(path, "w") as f:
-        for ids in heldout(models, args.prompts, args.prompt_len):
+        for ids in demo_prompts(models, args.prompts, args.prompt_len):
             f.write(json.dumps({"prompt": tokenizer.decode(ids)}) + "\n")
     return path
 
@@ -147,7 +147,15 @@ def main() -> None:
     from vllm_idlm.launch import Server
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(ap)
+    ap.add_argument("--models", type=Path, default=DEMO_DIR)
+    ap.add_argument("--lora", type=Path, default=None, help="lossless ISD: DIR/base + adapter")
+    ap.add_argument("--methods", nargs="+", default=["plain", "isd", "K=3", "ngram"])
+    ap.add_argument("--max-k", type=int, default=3)
+    ap.add_argument("--c", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    ap.add_argument("--temperature", type=float, nargs="+", default=[0.0, 0.7])
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--out", type=Path, default=Path("results/serve_sweep.csv"))
     ap.add_argument("--one-at-a-time", action="store_true", help="one server after another")
     ap.add_argument(
@@ -173,7 +181,11 @@ def main() -> None:
             bench(up, dataset, args.models / "base", 0.0, 2, args, folder, num_prompts=4)
             return up
 
-        runs = methods(args)
+        lora = args.lora.expanduser() if args.lora else None
+        runs = [
+            (m.name, m.model, m.spec)
+            for m in (parse_method(t, args.models, lora, args.max_k) for t in args.methods)
+        ]
         if args.one_at_a_time:
             for i, (name, model, spec) in enumerate(runs):
                 with server(i, model, spec) as up:
@@ -195,8 +207,18 @@ def main() -> None:
                         table.append(run_point(name, servers[name], dataset, t, c, args, folder))
     order = {name: i for i, (name, _, _) in enumerate(runs)}  # the table: method by method
     table.sort(key=lambda r: order[r["method"]])
-    pool = f"{args.requests} requests from {args.prompts} held-out prompts"
-    report(table, args, f"{pool}, {args.max_tokens} tokens, vllm bench serve")
+    plain = {
+        (r["temperature"], r["concurrency"]): r["tok_s"] for r in table if r["method"] == "plain"
+    }
+    for r in table:
+        if plain:
+            r["vs_plain"] = round(r["tok_s"] / plain[r["temperature"], r["concurrency"]], 3)
+        print(r)
+    write_table(table, args.out)
+    print(
+        f"{args.requests} requests from {args.prompts} held-out prompts, {args.max_tokens} tokens"
+    )
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

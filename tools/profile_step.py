@@ -64,11 +64,8 @@ def main() -> None:
     args = parser.parse_args()
     prompts = heldout_prompts(args.models / "idlm", args.prompts or max(8, args.c), 32)
     spec = {"method": "idlm", "num_speculative_tokens": args.k, "adaptive": False}
-    if args.zero_draft:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from adaptive_check import NEVER_DRAFTS
-
-        spec["adaptive"] = NEVER_DRAFTS
+    if args.zero_draft:  # a pinned cost under which nothing drafts, and no probes
+        spec["adaptive"] = {"step_ms": 1e-3, "row_ms": 1e3, "probe_every": 0}
     profile(args.models / "idlm", prompts, None, args.c)
     profile(args.models / "idlm", prompts, spec, args.c)
 
