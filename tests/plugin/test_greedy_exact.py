@@ -23,7 +23,7 @@ def plain_outputs(demo_models, heldout_prompts, llm_factory, generate):
         (3, 64, {"adaptive": False, "lookup": False}),
         (3, 64, {"adaptive": False, "lookup": {"min_ngram": 1, "max_ngram": 3}}),
         (4, 1, {"adaptive": {"step_ms": 1, "row_ms": 0.1, "probe_every": 2}}),
-        (4, 64, {"adaptive": {"step_ms": 40, "row_ms": 0.1, "probe_every": 2}}),
+        (4, 64, {"adaptive": {"step_ms": 40, "row_ms": 0.5, "probe_every": 2}}),
         (4, 16, {}),
     ],
     ids=[
