@@ -274,7 +274,7 @@ def _plus(a, b):
     out = {}
     for f in fields(a):
         x, y = getattr(a, f.name), getattr(b, f.name)
-        if f.name == "num_drafts":
+        if f.name == "num_positions":
             out[f.name] = max(x, y)
         elif isinstance(x, tuple):
             width = max(len(x), len(y))

@@ -170,6 +170,13 @@ class IsdOptions:
         """Draft slots vLLM schedules per step: K drafts + K MASKs."""
         return 2 * self.num_drafts
 
+    @property
+    def max_drafts(self) -> int:
+        """The most real drafts a step verifies: 2K - 1, where a lookup's continuation takes
+        the slots of the MASK-row drafts it replaces and leaves at least one MASK slot
+        (MASK-row drafts alone are at most K)."""
+        return 2 * self.num_drafts - 1
+
     @classmethod
     def from_user(cls, spec: dict[str, Any]) -> IsdOptions:
         spec = {k.replace("-", "_"): v for k, v in spec.items()}

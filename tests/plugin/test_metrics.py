@@ -54,11 +54,12 @@ def test_counters_equal_the_reference_decoders_replay(isd_run, hf_model, demo_mo
         verify_rounds += stats.depth_tried[0] if stats.depth_tried else 0
         for d, a in enumerate(stats.depth_accepted):
             per_pos[d] += a
-    assert metrics.num_drafts == k
+    assert metrics.num_positions == 2 * k - 1  # a lookup may draft past K
     assert metrics.num_rounds == rounds
     assert metrics.num_draft_tokens == k * verify_rounds  # MASK slots are not drafts
     assert metrics.num_accepted_tokens == accepted
-    assert list(metrics.accepted_per_position) == per_pos
+    assert list(metrics.accepted_per_position) == per_pos + [0] * (k - 1)
+    assert list(metrics.drafted_per_position) == [verify_rounds] * k + [0] * (k - 1)
     assert accepted > 0, "nothing accepted: the run says nothing about the counters"
 
 
@@ -71,6 +72,8 @@ def test_tokens_per_forward_is_mean_acceptance_length(isd_run):
     assert metrics.tokens_per_forward == pytest.approx(produced / metrics.num_rounds)
     assert 1.0 <= metrics.tokens_per_forward <= k + 1
     assert 0.0 < metrics.cold_start_share < 1.0
+    assert metrics.cold_start_share == 1 - metrics.verify_rounds / metrics.num_rounds
+    assert len(metrics.acceptance_per_position) == k  # positions never drafted left out
 
 
 def test_drafts_per_source_add_up_to_vllms_counters(

@@ -95,6 +95,16 @@ def test_a_cold_start_takes_the_lookups_continuation_where_the_text_repeats():
     assert "b" not in p.state.proposed
 
 
+def test_a_lookup_takes_the_slots_of_the_mask_drafts_past_k_at_a_shorter_stride():
+    """K = 3 (6 slots), the step's stride 1: the lookup may fill 2K - 1 = 5 slots before the one
+    MASK slot, the repeated text's whole continuation."""
+    p = proposer(lookup=(2, 4), req_ids="a")
+    p.state.policy.fixed = 1
+    lengths, ids = batch_tokens([1, 2, 3, 4, 5, 6, 7, 8, 1, 2])
+    assert p.propose([[2]], lengths, ids) == [[3, 4, 5, 6, 7, MASK]]
+    assert p.state.proposed["a"].num_lookup == 5
+
+
 def test_where_the_lookup_leads_the_mask_rows_drafts_follow_it():
     """a holds MASK drafts [7, 8, 9] with their probs and the lookup matches one token ahead
     ("1 2" -> 3): once the lookup's first token has been the emitted one more often, the

@@ -1,5 +1,7 @@
-"""Prometheus spec-decode counters sized for ISD's K real drafts, not its 2K slots, and ISD's own
-counters of verified drafts per source (`vllm:idlm_{lookup,mask}_{draft,accepted}_tokens`)."""
+"""Prometheus spec-decode counters sized for ISD's real drafts (2K - 1 positions: a lookup's
+continuation may run past K), not its 2K slots, and ISD's own counters: verified drafts per
+source (`vllm:idlm_{lookup,mask}_{draft,accepted}_tokens`) and drafts per position
+(`vllm:idlm_draft_tokens_per_pos`, the denominator of vLLM's accepted-per-position counters)."""
 
 from __future__ import annotations
 
@@ -42,9 +44,10 @@ def install() -> None:
             object.__setattr__(
                 speculative_config,
                 "num_speculative_tokens",
-                speculative_config.num_speculative_tokens // 2,
+                speculative_config.num_speculative_tokens - 1,
             )
-            self.idlm_num_drafts = speculative_config.num_speculative_tokens
+            positions = speculative_config.num_speculative_tokens
+            self.idlm_num_drafts = positions
             self.idlm_sources = [
                 create_metric_per_engine(
                     self._counter_cls(name=name, documentation=doc, labelnames=labelnames),
@@ -52,6 +55,15 @@ def install() -> None:
                 )
                 for name, doc in SOURCE_COUNTERS
             ]
+            per_pos = self._counter_cls(
+                name="vllm:idlm_draft_tokens_per_pos",
+                documentation="Drafts verified per draft position (ISD).",
+                labelnames=[*labelnames, "position"],
+            )
+            self.idlm_drafted = {
+                idx: [per_pos.labels(*lv, str(pos)) for pos in range(positions)]
+                for idx, lv in per_engine_labelvalues.items()
+            }
         original_init(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs)
 
     @functools.wraps(original_observe)
@@ -59,7 +71,10 @@ def install() -> None:
         original_observe(self, spec_decoding_stats, engine_idx)
         if self.idlm_sources is None:
             return
-        tail = spec_decoding_stats.num_draft_tokens_per_pos[self.idlm_num_drafts :]
+        drafted = spec_decoding_stats.num_draft_tokens_per_pos
+        for counter, value in zip(self.idlm_drafted[engine_idx], drafted, strict=False):
+            counter.inc(value)
+        tail = drafted[self.idlm_num_drafts :]
         for counters, value in zip(self.idlm_sources, tail, strict=False):
             counters[engine_idx].inc(value)
 

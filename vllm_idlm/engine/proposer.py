@@ -4,10 +4,11 @@ It runs no model: the MASK rows of the step just verified already made their dra
 `engine.sampler`). Per request at stride k (K, or the stride policy's choice for this step) it
 submits `[d_0 .. d_{n-1}, MASK x k]`: the drafts are the MASK rows' (all of them, n <= K, also
 past k: a probe's extra draft, or those in hand when the stride drops, cost only their rows),
-or a lookup's in the request's own text (`engine.lookup`) followed by the MASK rows' drafts for
-the positions after it, where the policy prefers the lookup, or the lookup's alone after a
-rejection, where the MASK rows have nothing (a cold start is then `[MASK x k]`). At k = 0 the
-request decodes plainly: no lookup, no MASK slot.
+or a lookup's in the request's own text (`engine.lookup`; up to 2K - k tokens, the slots the
+MASK-row drafts would take and more) followed by the MASK rows' drafts for the positions after
+it, where the policy prefers the lookup, or the lookup's alone after a rejection, where the
+MASK rows have nothing (a cold start is then `[MASK x k]`). At k = 0 the request decodes
+plainly: no lookup, no MASK slot.
 """
 
 from __future__ import annotations
@@ -105,7 +106,10 @@ class IsdProposer:
                 continue
             lookup = []
             if self.lookup is not None and k and token_ids_cpu is not None:
-                lookup = self.lookup.propose(token_ids_cpu[i, : num_tokens_no_spec[i]], k)
+                # Up to the slots the MASK-row drafts would take and one MASK slot less
+                # (2K - k: the step keeps its k MASK slots), past K where the text repeats.
+                room = 2 * self.options.num_drafts - k
+                lookup = self.lookup.propose(token_ids_cpu[i, : num_tokens_no_spec[i]], room)
                 state.offered[req_id] = (lookup[0] if lookup else None, made[0] if made else None)
             if lookup and made and not policy.prefers_lookup(req_id):
                 lookup = []

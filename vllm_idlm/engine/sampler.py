@@ -100,7 +100,7 @@ class IsdRejectionSampler(RejectionSampler):
         )
         batch = self._batch(metadata, sm) if metadata.max_spec_len else None
         plan = (
-            plan_slots(batch.slots, self.options.mask_token_id, self.options.num_drafts)
+            plan_slots(batch.slots, self.options.mask_token_id, self.options.max_drafts)
             if batch is not None
             else None
         )

@@ -5,7 +5,8 @@ MASK slots ride as draft tokens but are not drafts, and neither are the placehol
 (the field vLLM uses for grammar-rejected drafts, read only by metrics), so
 `num_draft_tokens` counts real drafts, a cold start counts as a draft round with zero
 drafts, and mean acceptance length = 1 + accepted / rounds = tokens per forward.
-Per-position counters cover the K real drafts.
+Per-position counters cover the 2K - 1 positions a step's real drafts may take (a lookup's
+continuation may run past K, `IsdOptions.max_drafts`).
 
 The next step's drafts ride with the step's output (`DRAFTS_ATTR`, set by the runner hook)
 and are applied as the output is received, so the engine does not ask the worker for them in
@@ -37,7 +38,7 @@ class IsdScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         options = (self.vllm_config.additional_config or {})[ADDITIONAL_CONFIG_KEY]
         self._mask_token_id = int(options["mask_token_id"])
-        self._num_drafts = int(options["num_drafts"])
+        self._max_drafts = 2 * int(options["num_drafts"]) - 1  # `IsdOptions.max_drafts`
         # Whether the last output delivered its drafts (then post_step has nothing to fetch).
         self.drafts_from_output = False
 
@@ -47,7 +48,7 @@ class IsdScheduler(Scheduler):
         for req_id, slots in output.scheduled_spec_decode_tokens.items():
             # Slots after the real drafts: MASKs, placeholders (and anything vLLM
             # already counted as invalid is among them).
-            num_other = len(slots) - num_real_drafts(slots, self._mask_token_id, self._num_drafts)
+            num_other = len(slots) - num_real_drafts(slots, self._mask_token_id, self._max_drafts)
             if num_other:
                 invalid[req_id] = num_other
         output.num_invalid_spec_tokens = invalid
@@ -77,8 +78,8 @@ class IsdScheduler(Scheduler):
         request_id,
     ):
         if spec_decoding_stats is None and self.log_stats and num_draft_tokens:
-            # Per-position counters sized for the real drafts (K), not the 2K slots.
-            spec_decoding_stats = SpecDecodingStats.new(self._num_drafts)
+            # Per-position counters sized for the real drafts (2K - 1), not the 2K slots.
+            spec_decoding_stats = SpecDecodingStats.new(self._max_drafts)
         return super().make_spec_decoding_stats(
             spec_decoding_stats,
             num_draft_tokens,
