@@ -96,7 +96,8 @@ class IsdRejectionSampler(RejectionSampler):
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         sm = sampling_metadata
         width = metadata.max_spec_len + 1
-        want_logprobs = sm.max_num_logprobs is not None
+        # Named ids (`logprob_token_ids`) also set `max_num_logprobs` (their count).
+        want_logprobs = sm.max_num_logprobs is not None or bool(sm.logprob_token_ids)
         if want_logprobs:
             logprob_rows = self._logprob_row_indices(metadata, width, logits.shape[0])
         raw_rows = (
@@ -131,8 +132,20 @@ class IsdRejectionSampler(RejectionSampler):
             )
             tokens = output.flatten().to(torch.int64)
             tokens[tokens == PLACEHOLDER_TOKEN_ID] = 0
-            logprobs_tensors = self.sampler.gather_logprobs(logprobs, sm.max_num_logprobs, tokens)
+            logprobs_tensors = self._gather_logprobs(logprobs, tokens, sm, width)
         return SamplerOutput(sampled_token_ids=output, logprobs_tensors=logprobs_tensors)
+
+    def _gather_logprobs(self, logprobs: torch.Tensor, tokens: torch.Tensor, sm, width: int):
+        """The logprobs of every (request, position) row as vLLM's sampler reports a plain
+        step's: where a request of the batch names its ids (`logprob_token_ids`), every
+        request gets the named form (vLLM's sampler prefers it for the whole batch); vLLM's
+        rejection sampler reports the top ones instead, which the output cannot carry."""
+        if not sm.logprob_token_ids:
+            return self.sampler.gather_logprobs(logprobs, sm.max_num_logprobs, tokens)
+        named = {
+            i * width + j: ids for i, ids in sm.logprob_token_ids.items() for j in range(width)
+        }
+        return self.sampler.gather_specific_token_logprobs(logprobs, named, tokens)
 
     def _sample_without_slots(self, rows: torch.Tensor, sm, generators) -> torch.Tensor:
         """A step in which no request carries a draft slot (the whole batch decodes plainly):
