@@ -8,7 +8,10 @@ Each prompt's options come from its own unbiased greedy output, so that each cha
 first token at least (`test_each_option_changes_plain_decodings_output`): a boost of the
 runner-up first token past the first, a -100 ban of the first token, and an allowed set of
 every token the model emitted for any prompt but that first token. All of them share one
-batch, so a request's bias or mask reaching another request's rows would show.
+batch, so a request's bias or mask reaching another request's rows would show. 16 prompts
+of 48 tokens: a bias applied to each request's first row alone made 8 of the 32 biased
+outputs differ from plain decoding's (where the first row rejects a draft, the token
+emitted comes from that row, biased: such a bug shows only where a later row accepts one).
 
 Chi-square: generated tokens 3, 4 and 5 (the first two come from prefill and a cold start,
 where no draft is verified), 2 prefixes x 2 variants x 3 positions x 2 modes = 24 tests at
@@ -27,7 +30,7 @@ from vllm import SamplingParams
 from vllm_idlm.metrics import read_isd_metrics
 
 K = 3
-NUM_TOKENS = 32
+NUM_TOKENS = 48
 NUM_SAMPLES = 1200
 POSITIONS = (2, 3, 4)  # 0-based: generated tokens 3, 4, 5
 ALPHA = 1e-4
@@ -94,7 +97,7 @@ def run(llm, as_prompts, prompts, prefixes, options) -> Run:
 
 @pytest.fixture(scope="module")
 def runs(demo_models, heldout_prompts, llm_factory, as_prompts):
-    prompts = heldout_prompts[:8]
+    prompts = heldout_prompts[:16]
     prefixes = [heldout_prompts[3], heldout_prompts[17]]
     result = {}
     for mode, checkpoint in MODES.items():
