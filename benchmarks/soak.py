@@ -159,8 +159,8 @@ def bad_request(rng: random.Random, prompt: list[int]) -> dict:
             {"prompt": prompt, "max_tokens": 4, "temperature": -1.0},
             {"prompt": prompt, "max_tokens": 4, "top_p": 1.5},
             {"prompt": prompt, "max_tokens": 4, "n": 0},
-            {"prompt": prompt, "max_tokens": 4, "min_p": 0.1, "temperature": 0.8},
-            {"prompt": prompt, "max_tokens": 4, "logit_bias": {"5": 10}, "temperature": 0.8},
+            {"prompt": prompt, "max_tokens": 4, "min_p": 1.5, "temperature": 0.8},
+            {"prompt": prompt, "max_tokens": 4, "logit_bias": {"10000000": 10}},  # not a token
             {"prompt": [7] * (MAX_MODEL_LEN + 10), "max_tokens": 4},  # too long
             {"prompt": prompt, "max_tokens": MAX_MODEL_LEN * 4},
         ]

@@ -27,7 +27,16 @@ def register() -> None:
     from vllm import ModelRegistry
 
     check_vllm_version(vllm.__version__)
-    from vllm_idlm.engine import args, cpu_fixes, hf_config, inputs, lazy, metrics, warmup
+    from vllm_idlm.engine import (
+        args,
+        cpu_fixes,
+        hf_config,
+        inputs,
+        lazy,
+        logitsprocs,
+        metrics,
+        warmup,
+    )
 
     for arch, cls in (
         ("IdlmForCausalLM", "IdlmForCausalLM"),
@@ -38,6 +47,7 @@ def register() -> None:
     hf_config.install()
     args.install()
     inputs.install()
+    logitsprocs.install()
     metrics.install()
     cpu_fixes.install()
     lazy.when_imported("vllm.v1.worker.gpu_model_runner", _install_runner_hooks)
@@ -56,8 +66,9 @@ def _install_runner_hooks() -> None:
     from vllm.platforms import current_platform
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from vllm_idlm.engine import cpu_fixes, runner
+    from vllm_idlm.engine import cpu_fixes, logitsprocs, runner
 
+    logitsprocs.install_loading()
     runner.install()
     if current_platform.is_cpu():
         cpu_fixes.install_generator_rewind(GPUModelRunner)

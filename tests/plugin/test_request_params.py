@@ -61,9 +61,10 @@ def test_a_seeded_request_draws_plain_decodings_tokens_beside_drafting_requests(
     """Under the policy a seeded random request never drafts, and its token is drawn as vLLM
     draws it on a plain step: the same tokens as plain decoding with that seed, in a batch
     whose greedy requests draft (ISD steps) and in a batch of its own (slot-free steps,
-    vLLM's plain path). Temperature, top-k / top-p and a repetition penalty (the processed
-    rows must match too). Fails where ISD's own draws serve seeded rows: vLLM's CPU sampler
-    draws one seed per row from the generator, ISD's a row of Exp(1) noise."""
+    vLLM's plain path). Temperature, top-k / top-p, min-p, a logit bias and a repetition
+    penalty (the processed rows must match too). Fails where ISD's own draws serve seeded
+    rows: vLLM's CPU sampler draws one seed per row from the generator, ISD's a row of Exp(1)
+    noise."""
     plain, _ = engines
     seeded = [
         SamplingParams(
@@ -71,6 +72,8 @@ def test_a_seeded_request_draws_plain_decodings_tokens_beside_drafting_requests(
             top_k=50 if i % 2 else 0,
             top_p=0.9 if i < 2 else 1.0,
             repetition_penalty=1.2 if i == 3 else 1.0,
+            min_p=0.1 if i in (1, 3) else 0.0,
+            logit_bias={16: 2.0, 82: -3.0} if i >= 2 else None,
             max_tokens=24,
             seed=100 + i,
             ignore_eos=True,

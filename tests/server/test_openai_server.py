@@ -126,7 +126,7 @@ def test_a_prompt_with_the_mask_token_gets_a_400_and_the_server_lives(isd_server
 
 
 @pytest.mark.parametrize(
-    "bad", [{"temperature": 3.0}, {"top_p": 1.5}, {"min_p": 0.1, "temperature": 0.8}, {"n": 0}]
+    "bad", [{"temperature": 3.0}, {"top_p": 1.5}, {"min_p": 1.5, "temperature": 0.8}, {"n": 0}]
 )
 def test_impossible_sampling_options_get_a_400(isd_server, bad):
     r = completion(isd_server, prompt="y = ", **bad)

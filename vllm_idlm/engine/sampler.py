@@ -18,11 +18,14 @@ are `[last, d_0 .. d_{n-1}, r_1 .. r_m]` (the verifier's layout). MASK slots are
 emitted: with m >= 1 the step emits accepted drafts plus one recovered or bonus token,
 and vLLM rolls back the KV of everything after it, MASK rows included.
 
-One filter everywhere: the target distribution of every row is formed by vLLM's own
-`apply_sampling_constraints` (temperature, then vLLM's top-k / top-p, ties resolved as
-vLLM resolves them on this platform), the same function that forms the first token's
-distribution in vLLM's sampler, so every emitted token of a request is drawn from the same
-kind of distribution. The verifier then sees temperature 1 and no filter.
+One filter everywhere: the target distribution of every row is formed as vLLM's sampler
+forms a plain step's row, in its order: the request's logits processors (logit bias before
+the penalties), temperature, min-p, then vLLM's top-k / top-p (ties resolved as vLLM
+resolves them on this platform). Temperature and the filter are vLLM's own functions for
+speculative rows (`apply_sampling_constraints`, `apply_top_k_top_p`), logit bias and min-p
+its own processors applied row by row (`engine.logitsprocs`), so every emitted token of a
+request is drawn from the same kind of distribution, and every MASK row's draft probs are
+those of the processed distribution. The verifier then sees temperature 1 and no filter.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from typing import Any
 
 import torch
 from vllm.v1.outputs import SamplerOutput
+from vllm.v1.sample import rejection_sampler as vllm_rejection
 from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.sample.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
     RejectionSampler,
@@ -43,6 +48,7 @@ from vllm.v1.sample.rejection_sampler import (
 
 from idlm_kernels.argmax import argmax_without
 from vllm_idlm.config import IsdOptions
+from vllm_idlm.engine.logitsprocs import apply_to_every_row, row_processors
 from vllm_idlm.engine.state import IsdState
 from vllm_idlm.slots import SlotPlan, plan_slots
 from vllm_idlm.verifier import sample_without_drafts, verify_and_draft, verify_greedy
@@ -90,7 +96,8 @@ class IsdRejectionSampler(RejectionSampler):
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         sm = sampling_metadata
         width = metadata.max_spec_len + 1
-        want_logprobs = sm.max_num_logprobs is not None
+        # Named ids (`logprob_token_ids`) also set `max_num_logprobs` (their count).
+        want_logprobs = sm.max_num_logprobs is not None or bool(sm.logprob_token_ids)
         if want_logprobs:
             logprob_rows = self._logprob_row_indices(metadata, width, logits.shape[0])
         raw_rows = (
@@ -125,8 +132,20 @@ class IsdRejectionSampler(RejectionSampler):
             )
             tokens = output.flatten().to(torch.int64)
             tokens[tokens == PLACEHOLDER_TOKEN_ID] = 0
-            logprobs_tensors = self.sampler.gather_logprobs(logprobs, sm.max_num_logprobs, tokens)
+            logprobs_tensors = self._gather_logprobs(logprobs, tokens, sm, width)
         return SamplerOutput(sampled_token_ids=output, logprobs_tensors=logprobs_tensors)
+
+    def _gather_logprobs(self, logprobs: torch.Tensor, tokens: torch.Tensor, sm, width: int):
+        """The logprobs of every (request, position) row as vLLM's sampler reports a plain
+        step's: where a request of the batch names its ids (`logprob_token_ids`), every
+        request gets the named form (vLLM's sampler prefers it for the whole batch); vLLM's
+        rejection sampler reports the top ones instead, which the output cannot carry."""
+        if not sm.logprob_token_ids:
+            return self.sampler.gather_logprobs(logprobs, sm.max_num_logprobs, tokens)
+        named = {
+            i * width + j: ids for i, ids in sm.logprob_token_ids.items() for j in range(width)
+        }
+        return self.sampler.gather_specific_token_logprobs(logprobs, named, tokens)
 
     def _sample_without_slots(self, rows: torch.Tensor, sm, generators) -> torch.Tensor:
         """A step in which no request carries a draft slot (the whole batch decodes plainly):
@@ -265,24 +284,42 @@ class IsdRejectionSampler(RejectionSampler):
     def _target_rows(
         self, logits: torch.Tensor, metadata, sm, keep_rows: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """fp32 logits with vLLM's logits processors, temperature and top-k / top-p applied
-        (in place where the logits already are fp32, as vLLM's own sampler does), and a copy
-        of `keep_rows` as they were before temperature and the filter (None without any).
+        """fp32 logits with vLLM's logits processors, temperature, min-p and top-k / top-p
+        applied (in place where the logits already are fp32, as vLLM's own sampler does), and
+        a copy of `keep_rows` as they were before top-k / top-p (None without any).
 
         Every row is processed as a target row, the last one of each request included
         (vLLM would send that one through its bonus sampler): in vLLM's terms each request
         gets one more draft slot, a filler that no row ever reads as context.
         """
         rows = logits if logits.dtype == torch.float32 else logits.float()
+        num_rows = [n + 1 for n in metadata.num_draft_tokens]
+        bias, min_p = row_processors(sm)
+        if bias is not None:
+            # Before the penalties, as vLLM's sampler orders them (a repetition penalty
+            # scales the biased logit); the -inf masks applied there commute with it.
+            rows = apply_to_every_row(bias, rows, num_rows)
         if needs_logits_processing(sm):
-            every_row = SimpleNamespace(num_draft_tokens=[n + 1 for n in metadata.num_draft_tokens])
-            spec = [list(s) + [0] for s in sm.spec_token_ids[: len(metadata.num_draft_tokens)]]
+            every_row = SimpleNamespace(num_draft_tokens=num_rows)
+            spec = [list(s) + [0] for s in sm.spec_token_ids[: len(num_rows)]]
             rows = self.apply_logits_processors(rows, replace(sm, spec_token_ids=spec), every_row)
+        cu_num_rows = metadata.cu_num_sampled_tokens
+        if not sm.all_greedy:
+            # Temperature alone (the filter comes after min-p), with greedy rows at 1.
+            rows = apply_sampling_constraints(
+                rows, cu_num_rows, replace(sm, top_k=None, top_p=None)
+            )
+            if min_p is not None:
+                rows = apply_to_every_row(min_p, rows, num_rows)
         unfiltered = None
         if keep_rows:
             unfiltered = rows[torch.tensor(keep_rows, dtype=torch.int64, device=rows.device)]
-        if not sm.all_greedy:
-            rows = apply_sampling_constraints(rows, metadata.cu_num_sampled_tokens, sm)
+        if not sm.all_greedy and (sm.top_k is not None or sm.top_p is not None):
+            expand = vllm_rejection.expand_batch_to_tokens  # patched on CPU (`cpu_fixes`)
+            num = rows.shape[0]
+            top_k = None if sm.top_k is None else expand(sm.top_k, cu_num_rows, num)
+            top_p = None if sm.top_p is None else expand(sm.top_p, cu_num_rows, num)
+            rows = apply_top_k_top_p(rows, top_k, top_p)
         return rows, unfiltered
 
     @staticmethod
@@ -311,15 +348,13 @@ class IsdRejectionSampler(RejectionSampler):
         self, unfiltered: torch.Tensor, drawn: list[int], index: torch.Tensor, sm
     ) -> torch.Tensor:
         """The tokens vLLM's `Sampler.sample` draws for the requests at `index` (random, each
-        with its generator) from their processed rows: temperature, then its platform's top-k /
-        top-p sampler, which draws every row from that row's generator alone. (Its
-        argmax-invariant processors, min_p and logit_bias, are not loaded under a speculative
-        config; vLLM refuses those parameters there.)"""
-        logits = self.sampler.apply_temperature(unfiltered, sm.temperature[index], True)
+        with its generator) from their processed rows (temperature and min-p applied, as
+        `_target_rows` applies them): its platform's top-k / top-p sampler, which draws every
+        row from that row's generator alone."""
         generators = {j: sm.generators[i] for j, i in enumerate(drawn)}
         top_k = None if sm.top_k is None else sm.top_k[index]
         top_p = None if sm.top_p is None else sm.top_p[index]
-        tokens, _ = self.sampler.topk_topp_sampler(logits, generators, top_k, top_p)
+        tokens, _ = self.sampler.topk_topp_sampler(unfiltered, generators, top_k, top_p)
         return tokens
 
     @staticmethod
