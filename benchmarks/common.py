@@ -145,11 +145,77 @@ def parse_method(text: str, models: Path, lora: Path | None, max_k: int) -> Meth
 # ---- one engine per process ----------------------------------------------------------------
 
 
-def _serve(conn, method: Method, max_num_seqs: int) -> None:
-    """The engine process: builds the LLM, then runs what the driver sends until it closes."""
-    from vllm import LLM
+@dataclass
+class Run:
+    """One timed run of an engine: the outputs, the seconds, the forwards the requests took (a
+    request's step that emitted tokens counts once: tokens per forward for every method alike,
+    clock-free) and vLLM's metrics before and after (read into `IsdMetrics` by the driver, with
+    this checkout's reader, whichever plugin the engine imported)."""
 
-    from vllm_idlm.measure import timed_generate
+    outputs: list[list[int]]
+    seconds: float
+    forwards: int
+    metrics_before: list
+    metrics_after: list
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(map(len, self.outputs))
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.num_tokens / self.forwards if self.forwards else 0.0
+
+    @property
+    def metrics(self):
+        from vllm_idlm.metrics import read_isd_metrics
+
+        return read_isd_metrics(self.metrics_after).minus(read_isd_metrics(self.metrics_before))
+
+
+def closed_loop(llm, prompts, params, concurrency: int) -> Run:
+    """Keep exactly `concurrency` requests in flight (a finished one is replaced at once, as c
+    clients would do) over token-id `prompts`; `params` one SamplingParams per prompt."""
+    engine = llm.llm_engine
+    tag = f"run{time.monotonic_ns()}"
+    before = llm.get_metrics()
+    start = time.perf_counter()
+    waiting = list(range(len(prompts)))
+    in_flight: set[str] = set()
+    outputs: list[list[int]] = [[] for _ in prompts]
+    emitted = dict.fromkeys(range(len(prompts)), 0)
+    forwards = 0
+    while waiting or in_flight:
+        while waiting and len(in_flight) < concurrency:
+            i = waiting.pop(0)
+            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": list(prompts[i])}, params[i])
+            in_flight.add(f"{tag}-{i}")
+        for out in engine.step():
+            if out.request_id not in in_flight:
+                continue
+            i = int(out.request_id.rsplit("-", 1)[1])
+            count = len(out.outputs[0].token_ids)
+            forwards += count > emitted[i]
+            emitted[i] = count
+            if out.finished:
+                in_flight.discard(out.request_id)
+                outputs[i] = list(out.outputs[0].token_ids)
+    seconds = time.perf_counter() - start
+    return Run(outputs, seconds, forwards, before, llm.get_metrics())
+
+
+def _serve(conn, method: Method, max_num_seqs: int) -> None:
+    """The engine process: builds the LLM, then runs what the driver sends until it closes.
+    Another checkout's plugin goes first on the path (spawned processes take the parent's)."""
+    import sys
+
+    if method.pythonpath:
+        sys.path.insert(0, method.pythonpath)
+    from vllm import LLM
 
     llm = LLM(
         model=str(method.model),
@@ -162,9 +228,7 @@ def _serve(conn, method: Method, max_num_seqs: int) -> None:
         message = conn.recv()
         if message is None:
             break
-        prompts, params, concurrency = message
-        result = timed_generate(llm, prompts, params, concurrency)
-        conn.send(("done", result, _state(llm)))
+        conn.send(("done", closed_loop(llm, *message), _state(llm)))
     llm.llm_engine.engine_core.shutdown()
 
 
@@ -202,12 +266,11 @@ class Engine:
                 raise RuntimeError(f"{self.method.name}: the engine process died")
         return self.conn.recv()
 
-    def run(self, prompts, params, concurrency: int):
-        """The run's `vllm_idlm.measure.RunResult`, and the engine's idlm_state after it."""
+    def run(self, prompts, params, concurrency: int) -> Run:
+        """A closed-loop run; the engine's idlm_state after it is kept in `state`."""
         self.conn.send((prompts, params, concurrency))
-        _, result, state = self._recv()
-        self.state = state
-        return result, state
+        _, result, self.state = self._recv()
+        return result
 
     def close(self) -> None:
         if self.process.is_alive():
@@ -228,7 +291,7 @@ class Tally:
     seconds: list[float] = field(default_factory=list)
     outputs: list[list[list[int]]] = field(default_factory=list)
     metrics: Any = None  # IsdMetrics summed over the rounds
-    forwards: int = 0  # forwards the requests took (`RunResult.forwards`)
+    forwards: int = 0  # forwards the requests took (`Run.forwards`)
     requests: int = 0
 
     @property
@@ -256,7 +319,7 @@ def interleave(
     for r, (prompts, params) in enumerate(batches):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             time.sleep(QUIET_S)
-            result, _ = engines[name].run(prompts, params, concurrency)
+            result = engines[name].run(prompts, params, concurrency)
             tally = tallies[name]
             tally.tokens.append(result.num_tokens)
             tally.seconds.append(result.seconds)

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import textwrap
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the demo's output, not vLLM's log
 
@@ -30,14 +33,13 @@ def build(recipe: str, cache: Path) -> dict[str, Path]:
 
 
 def run(model: Path, prompts, params, spec=None):
+    from common import closed_loop  # benchmarks/common.py: the timed closed loop
     from vllm import LLM
-
-    from vllm_idlm.measure import timed_generate
 
     llm = LLM(model=str(model), speculative_config=spec, **ENGINE)
     try:
-        timed_generate(llm, prompts[:1], params, concurrency=1)  # warm-up
-        return timed_generate(llm, prompts, params, concurrency=1)
+        closed_loop(llm, prompts[:2], [params] * 2, 1)  # warm-up
+        return closed_loop(llm, prompts, [params] * len(prompts), 1)
     finally:
         llm.llm_engine.engine_core.shutdown()
 

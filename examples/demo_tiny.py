@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 ENGINE = dict(
     dtype="float32",
@@ -31,14 +34,13 @@ def heldout_prompts(model_dir: Path, count: int, length: int) -> list[list[int]]
 
 
 def run(model: Path, prompts, params, spec=None, **engine):
+    from common import closed_loop  # benchmarks/common.py: the timed closed loop
     from vllm import LLM
-
-    from vllm_idlm.measure import timed_generate
 
     llm = LLM(model=str(model), speculative_config=spec, **{**ENGINE, **engine})
     try:
-        timed_generate(llm, prompts[:2], params)  # warm-up
-        return timed_generate(llm, prompts, params, concurrency=1)
+        closed_loop(llm, prompts[:2], [params] * 2, 1)  # warm-up
+        return closed_loop(llm, prompts, [params] * len(prompts), 1)
     finally:
         llm.llm_engine.engine_core.shutdown()
 

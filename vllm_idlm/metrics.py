@@ -35,7 +35,7 @@ class IsdMetrics:
     @property
     def tokens_per_forward(self) -> float:
         """Over the rounds (forwards with draft slots, cold starts included); steps the stride
-        policy decoded plainly are not rounds (`vllm_idlm.measure.RunResult` counts all)."""
+        policy decoded plainly are not rounds (`benchmarks/common.py` counts every forward)."""
         return 1.0 + self.num_accepted_tokens / self.num_rounds if self.num_rounds else 0.0
 
     @property
