@@ -110,11 +110,11 @@ class Method:
 def parse_method(text: str, models: Path, lora: Path | None, max_k: int) -> Method:
     """`plain`; `isd` (the default policy: adaptive, lookup on); `K=<k>` (fixed K); `mask`
     (adaptive, no lookup); `K=<k>-mask` (fixed K, no lookup); `idlm{...}` (those speculative-
-    config keys over the default); `ngram`, `suffix` (vLLM's own, K=3); any of them
-    `@<tag>` (a second engine of the same method: the A/A spread) or `@old=<dir>` (the plugin
-    imported from another checkout, e.g. a git worktree of an earlier commit)."""
-    name, _, tag = text.partition("@")
-    pythonpath = tag.removeprefix("old=") if tag.startswith("old=") else None
+    config keys over the default); `ngram`, `suffix` (vLLM's own, K=3); any of them followed
+    by `@<tag>` (a second engine of the same method: the A/A spread) and/or `@old=<dir>` (the
+    plugin imported from another checkout, e.g. a git worktree of an earlier commit)."""
+    name, *tags = text.split("@")
+    pythonpath = next((t.removeprefix("old=") for t in tags if t.startswith("old=")), None)
     base = models / "base"
     isd_model = base if lora else models / "idlm"
     isd = {"method": "idlm", "num_speculative_tokens": max_k}
