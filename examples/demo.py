@@ -17,9 +17,17 @@ import os
 import textwrap
 from pathlib import Path
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the demo's output, not vLLM's log
+from vllm_idlm.console import quiet, table
 
-ENGINE = dict(dtype="float32", kv_cache_memory_bytes=1 << 30, disable_log_stats=False, seed=0)
+quiet()  # before torch and vLLM load: the demo's output, not theirs (here and in vLLM's processes)
+
+ENGINE = dict(
+    dtype="float32",
+    kv_cache_memory_bytes=1 << 30,
+    disable_log_stats=False,
+    seed=0,
+    use_tqdm_on_load=False,
+)
 
 
 def build(recipe: str, cache: Path) -> dict[str, Path]:
@@ -29,17 +37,20 @@ def build(recipe: str, cache: Path) -> dict[str, Path]:
     return build_chat(load_chat_recipe(recipe), cache)
 
 
-def run(model: Path, prompts, params, spec=None):
+def run(name: str, model: Path, prompts, params, spec=None):
     from vllm import LLM
 
     from vllm_idlm.measure import timed_generate
 
+    print(f"{name}: starting vLLM", flush=True)
     llm = LLM(model=str(model), speculative_config=spec, **ENGINE)
     try:
         timed_generate(llm, prompts[:1], params, concurrency=1)  # warm-up
-        return timed_generate(llm, prompts, params, concurrency=1)
+        result = timed_generate(llm, prompts, params, concurrency=1)
     finally:
         llm.llm_engine.engine_core.shutdown()
+    print(f"{name}: {result.num_tokens} tokens in {result.seconds:.1f} s", flush=True)
+    return result
 
 
 def main() -> None:
@@ -75,11 +86,12 @@ def main() -> None:
     isd = {"method": "idlm", "num_speculative_tokens": args.k, "draft_lora": str(lora)}
     ngram = {"method": "ngram", "num_speculative_tokens": 3}
     ngram |= {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    rows = [
-        ("plain decoding", run(base, prompts, params)),
-        (f"lossless ISD K<={args.k}, adaptive (gated LoRA)", run(base, prompts, params, isd)),
-        ("vLLM ngram K=3", run(base, prompts, params, ngram)),
+    methods = [  # (name, speculative config); the first is the baseline
+        ("plain decoding", None),
+        (f"lossless ISD K<={args.k}, adaptive (gated LoRA)", isd),
+        ("vLLM ngram K=3", ngram),
     ]
+    rows = [(name, run(name, base, prompts, params, spec)) for name, spec in methods]
     plain = rows[0][1]
     width = 96
     for q, answer in list(zip(questions, rows[1][1].outputs, strict=True))[: args.show]:
@@ -92,19 +104,24 @@ def main() -> None:
         f"SmolLM2-135M-Instruct, {len(prompts)} held-out questions, up to {args.max_tokens} "
         "greedy tokens each, one request at a time (vLLM CPU build, fp32)"
     )
-    print(
-        f"{'run':36s} {'tok/fwd':>8s} {'accept/pos':>16s} {'tok/s':>7s} {'vs plain':>9s} {'=plain':>7s}"
-    )
+    cells = []
     for name, result in rows:
         m = result.metrics
         is_isd = "ISD" in name
         accept = " ".join(f"{a:.2f}" for a in m.acceptance_per_position) if is_isd else "-"
         tpf = f"{m.tokens_per_forward:.2f}" if m.num_rounds else "1.00"
-        print(
-            f"{name:36s} {tpf:>8s} {accept:>16s} {result.tokens_per_second:7.1f} "
-            f"{result.tokens_per_second / plain.tokens_per_second:8.2f}x "
-            f"{'yes' if result.outputs == plain.outputs else 'NO':>7s}"
+        speed = result.tokens_per_second
+        cells.append(
+            (
+                name,
+                tpf,
+                accept,
+                f"{speed:.1f}",
+                f"{speed / plain.tokens_per_second:.2f}x",
+                "yes" if result.outputs == plain.outputs else "NO",
+            )
         )
+    print(table(("run", "tok/fwd", "accept/pos", "tok/s", "vs plain", "=plain"), cells))
     print("=" * width)
 
 
