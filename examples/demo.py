@@ -49,7 +49,7 @@ def run(name: str, model: Path, prompts, params, spec=None):
         result = timed_generate(llm, prompts, params, concurrency=1)
     finally:
         llm.llm_engine.engine_core.shutdown()
-    print(f"{name}: {result.num_tokens} tokens in {result.seconds:.1f} s", flush=True)
+    print(f"{name}: {result.num_tokens} tokens in {result.seconds:.2f} s", flush=True)
     return result
 
 
