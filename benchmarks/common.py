@@ -32,6 +32,7 @@ ENGINE = dict(
     enforce_eager=True,  # torch.compile costs a minute per engine on CPU and gains ~2% here
     disable_log_stats=False,
     seed=0,
+    use_tqdm_on_load=False,
 )
 DEMO_DIR = Path("~/.cache/vllm-idlm/demo")
 SMOLLM2_DIR = Path("~/.cache/vllm-idlm/smollm2")

@@ -12,13 +12,18 @@ import os
 import sys
 from pathlib import Path
 
+from vllm_idlm.console import quiet, table
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+quiet()  # before torch and vLLM load: the demo's output, not theirs (here and in vLLM's processes)
 
 ENGINE = dict(
     dtype="float32",
     kv_cache_memory_bytes=512 << 20,
     disable_log_stats=False,
     seed=0,
+    use_tqdm_on_load=False,
 )
 
 
@@ -33,16 +38,19 @@ def heldout_prompts(model_dir: Path, count: int, length: int) -> list[list[int]]
     return make_prompts(AutoTokenizer.from_pretrained(model_dir), heldout, count, length, seed=7)
 
 
-def run(model: Path, prompts, params, spec=None, **engine):
+def run(name: str, model: Path, prompts, params, spec=None, **engine):
     from common import closed_loop  # benchmarks/common.py: the timed closed loop
     from vllm import LLM
 
+    print(f"{name}: starting vLLM", flush=True)
     llm = LLM(model=str(model), speculative_config=spec, **{**ENGINE, **engine})
     try:
         closed_loop(llm, prompts[:2], [params] * 2, 1)  # warm-up
-        return closed_loop(llm, prompts, [params] * len(prompts), 1)
+        result = closed_loop(llm, prompts, [params] * len(prompts), 1)
     finally:
         llm.llm_engine.engine_core.shutdown()
+    print(f"{name}: {result.num_tokens} tokens in {result.seconds:.2f} s", flush=True)
+    return result
 
 
 def main() -> None:
@@ -59,7 +67,7 @@ def main() -> None:
         "--k",
         type=int,
         default=3,
-        help="most drafts per step (stride K + 1; the adaptive policy picks 0..K)",
+        help="most drafts per step (stride K + 1; the stride policy picks 0..K)",
     )
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=96)
@@ -68,33 +76,44 @@ def main() -> None:
     prompts = heldout_prompts(idlm, args.prompts, 32)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     isd = {"method": "idlm", "num_speculative_tokens": args.k}
-    rows = [
-        ("plain decoding (I-DLM)", run(idlm, prompts, params)),
-        (f"ISD K<={args.k}, adaptive (I-DLM)", run(idlm, prompts, params, isd)),
-        ("plain decoding (base)", run(base, prompts, params, enforce_eager=True)),
+    methods = [  # (name, model, speculative config, engine args); each ISD after its plain
+        ("plain decoding (I-DLM)", idlm, None, {}),
+        (f"ISD K<={args.k} (I-DLM)", idlm, isd, {}),
+        ("plain decoding (base)", base, None, {"enforce_eager": True}),
         (
-            f"lossless ISD K<={args.k}, adaptive (base + gated LoRA)",
-            run(base, prompts, params, {**isd, "draft_lora": str(lora)}),
+            f"lossless ISD K<={args.k} (base + gated LoRA)",
+            base,
+            {**isd, "draft_lora": str(lora)},
+            {},
         ),
+    ]
+    rows = [
+        (name, run(name, model, prompts, params, spec, **engine))
+        for name, model, spec, engine in methods
     ]
     tokenizer = AutoTokenizer.from_pretrained(idlm)
     print("\n" + "=" * 96)
     print(
         f"{len(prompts)} held-out stdlib prompts, {args.max_tokens} greedy tokens each, one request at a time"
     )
-    print(
-        f"{'run':44s} {'tok/fwd':>8s} {'accept/pos':>18s} {'tok/s':>8s} {'vs plain':>9s} {'same?':>6s}"
-    )
+    cells = []
     for i, (name, result) in enumerate(rows):
         plain = rows[i - i % 2][1]
         m = result.metrics
         accept = " ".join(f"{a:.2f}" for a in m.acceptance_per_position) if m.num_rounds else "-"
-        tpf = f"{m.tokens_per_forward:.2f}" if m.num_rounds else "1.00"
-        print(
-            f"{name:44s} {tpf:>8s} {accept:>18s} {result.tokens_per_second:8.1f} "
-            f"{result.tokens_per_second / plain.tokens_per_second:8.2f}x "
-            f"{'yes' if result.outputs == plain.outputs else 'NO':>6s}"
+        tpf = f"{result.tokens_per_forward:.2f}"
+        speed = result.tokens_per_second
+        cells.append(
+            (
+                name,
+                tpf,
+                accept,
+                f"{speed:.1f}",
+                f"{speed / plain.tokens_per_second:.2f}x",
+                "yes" if result.outputs == plain.outputs else "NO",
+            )
         )
+    print(table(("run", "tok/fwd", "accept/pos", "tok/s", "vs plain", "same?"), cells))
     print("=" * 96)
     print("prompt:", repr(tokenizer.decode(prompts[0])[-120:]))
     print("ISD   :", repr(tokenizer.decode(rows[1][1].outputs[0])[:200]))

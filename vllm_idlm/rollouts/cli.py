@@ -89,6 +89,7 @@ def open_engine(
         kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)),
         seed=0,
         disable_log_stats=True,
+        use_tqdm_on_load=False,  # the rollouts' own bar is the progress (a demo's first run)
     )
     return LLM(model=model, **{**args, **kw})
 
