@@ -63,6 +63,7 @@ def run_case(case: str, vocab: int, num_reqs: int, k: int, greedy: bool) -> dict
     from vllm_idlm.engine.sampler import IsdRejectionSampler
     from vllm_idlm.engine.state import IsdState, StoredDrafts
     from vllm_idlm.plugin import register
+    from vllm_idlm.seam.runner import RunnerView
 
     register()
     torch.manual_seed(0)
@@ -117,7 +118,9 @@ def run_case(case: str, vocab: int, num_reqs: int, k: int, greedy: bool) -> dict
         )
         state = IsdState()
         options = IsdOptions(num_drafts=k, adaptive=False, mask_token_id=mask)
-        rejection = IsdRejectionSampler(sampler, None, torch.device("cpu"), runner, options, state)
+        rejection = IsdRejectionSampler(
+            sampler, None, torch.device("cpu"), RunnerView(runner), options, state
+        )
 
         def store_drafts():
             if greedy:

@@ -1,7 +1,8 @@
 """vLLM entry point (`vllm.general_plugins`): makes `"method": "idlm"` work.
 
-vLLM calls `register()` in every process it starts, possibly several times per process:
-it is idempotent, and defers patches on the model runner until that module is imported.
+vLLM calls `register()` in every process it starts, possibly several times per process: it
+is idempotent. The patches are the seam table's (`vllm_idlm.seam`), each applied as its vLLM
+module loads.
 """
 
 from __future__ import annotations
@@ -27,16 +28,9 @@ def register() -> None:
     from vllm import ModelRegistry
 
     check_vllm_version(vllm.__version__)
-    from vllm_idlm.engine import (
-        args,
-        cpu_fixes,
-        hf_config,
-        inputs,
-        lazy,
-        logitsprocs,
-        metrics,
-        warmup,
-    )
+    from vllm_idlm.engine import hf_config
+    from vllm_idlm.seam import patch
+    from vllm_idlm.seam.vllm import current_platform
 
     for arch, cls in (
         ("IdlmForCausalLM", "IdlmForCausalLM"),
@@ -45,30 +39,5 @@ def register() -> None:
     ):
         ModelRegistry.register_model(arch, f"vllm_idlm.engine.model:{cls}")
     hf_config.install()
-    args.install()
-    inputs.install()
-    logitsprocs.install()
-    metrics.install()
-    cpu_fixes.install()
-    lazy.when_imported("vllm.v1.worker.gpu_model_runner", _install_runner_hooks)
-    lazy.when_imported("vllm.v1.engine.core", _install_engine_hooks)
-    warmup.install()
+    patch.install(on_cpu=current_platform.is_cpu())
     _registered = True
-
-
-def _install_engine_hooks() -> None:
-    from vllm_idlm.engine import scheduler
-
-    scheduler.install()
-
-
-def _install_runner_hooks() -> None:
-    from vllm.platforms import current_platform
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    from vllm_idlm.engine import cpu_fixes, logitsprocs, runner
-
-    logitsprocs.install_loading()
-    runner.install()
-    if current_platform.is_cpu():
-        cpu_fixes.install_generator_rewind(GPUModelRunner)

@@ -48,7 +48,7 @@ def test_vllm_discovers_and_runs_the_plugin_and_a_second_call_is_harmless():
         import vllm_idlm.plugin as p
         p.register()
         assert EngineArgs.create_engine_config is first, "patched twice"
-        assert getattr(first, "_idlm_wrapped", False)
+        assert getattr(first, "__idlm_seam__", "").endswith("create_engine_config")
         archs = ModelRegistry.get_supported_archs()
         assert "IdlmForCausalLM" in archs and "SDARForCausalLM" in archs
         print("OK")

@@ -24,6 +24,7 @@ from vllm_idlm.config import IsdOptions
 from vllm_idlm.engine.sampler import IsdRejectionSampler
 from vllm_idlm.engine.state import IsdState
 from vllm_idlm.plugin import register
+from vllm_idlm.seam.runner import RunnerView
 
 register()  # what vLLM does in every process it starts (the CPU build's fixes included)
 
@@ -86,7 +87,9 @@ def isd_sampler(num_reqs: int, logprobs_mode="raw_logprobs") -> IsdRejectionSamp
     )
     options = IsdOptions(num_drafts=K, adaptive=False, mask_token_id=MASK)
     sampler = Sampler(logprobs_mode=logprobs_mode)
-    return IsdRejectionSampler(sampler, None, torch.device("cpu"), runner, options, IsdState())
+    return IsdRejectionSampler(
+        sampler, None, torch.device("cpu"), RunnerView(runner), options, IsdState()
+    )
 
 
 def bf16_logits(num_rows: int, seed: int = 0) -> torch.Tensor:

@@ -19,6 +19,8 @@ from vllm.v1.sample.logits_processor.interface import BatchUpdate
 
 from vllm_idlm.engine import logitsprocs
 from vllm_idlm.engine.args import PROPOSER_CLASS
+from vllm_idlm.seam import patch
+from vllm_idlm.seam.table import touch_of
 
 ISD_SPEC = SimpleNamespace(method="custom_class", model=PROPOSER_CLASS)
 NGRAM_SPEC = SimpleNamespace(method="ngram", model="ngram")
@@ -41,7 +43,7 @@ def loaded(processor, params: list[SamplingParams]):
 
 @pytest.mark.parametrize("params", [{"min_p": 0.1}, {"logit_bias": {5: 2.0}}])
 def test_min_p_and_logit_bias_pass_validation_under_isd_and_are_refused_under_ngram(params):
-    logitsprocs.install()
+    patch.apply(touch_of("vllm.sampling_params:SamplingParams._validate_spec_decode"))
     request = SamplingParams(**params)
     request._validate_spec_decode(ISD_SPEC)
     with pytest.raises(VLLMValidationError, match="not yet supported with speculative"):
@@ -49,7 +51,7 @@ def test_min_p_and_logit_bias_pass_validation_under_isd_and_are_refused_under_ng
 
 
 def test_an_isd_runner_loads_the_bias_and_min_p_processors_and_another_does_not():
-    logitsprocs.install_loading()
+    patch.apply(touch_of("vllm.v1.worker.gpu_model_runner:build_logitsprocs"))
     from vllm.v1.worker import gpu_model_runner
 
     build = gpu_model_runner.build_logitsprocs

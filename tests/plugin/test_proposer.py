@@ -11,6 +11,7 @@ import torch
 from vllm_idlm.config import IsdOptions
 from vllm_idlm.engine.proposer import IsdProposer
 from vllm_idlm.engine.state import Proposal
+from vllm_idlm.seam.runner import RunnerView
 
 MASK = 99
 
@@ -31,7 +32,7 @@ def proposer(k=3, uniform=False, lookup=None, adaptive=False, params=None, req_i
         input_batch=SimpleNamespace(req_ids=list(params)),
         requests={r: SimpleNamespace(sampling_params=v) for r, v in params.items()},
     )
-    p.bind_runner(runner)
+    p.bind_runner(RunnerView(runner))
     return p
 
 
@@ -179,9 +180,10 @@ def test_the_engine_fetches_no_drafts_that_came_with_the_output():
     skips vLLM's fetch of the drafts from the worker; otherwise it fetches them as before."""
     from vllm.v1.engine.core import EngineCore
 
-    from vllm_idlm.engine import scheduler
+    from vllm_idlm.seam import patch
+    from vllm_idlm.seam.table import touch_of
 
-    scheduler.install()
+    patch.apply(touch_of("vllm.v1.engine.core:EngineCore.post_step"))
     fetched = []
     executor = SimpleNamespace(take_draft_token_ids=lambda: fetched.append(1))
     for from_output in (True, False):

@@ -1,1 +1,2 @@
-"""The only layer of vllm-idlm that imports vLLM internals (besides `vllm_idlm.plugin`)."""
+"""ISD inside vLLM: the proposer, the sampler, the scheduler, the model classes and the code
+the seam's patches run. vLLM's internals reach it through `vllm_idlm.seam` only."""

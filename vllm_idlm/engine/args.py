@@ -11,9 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-
-from vllm.engine.arg_utils import EngineArgs
-from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
+from typing import Any
 
 from vllm_idlm.config import (
     ADDITIONAL_CONFIG_KEY,
@@ -24,6 +22,7 @@ from vllm_idlm.config import (
     read_adapter_facts,
     read_checkpoint_facts,
 )
+from vllm_idlm.seam.vllm import MAX_SPEC_LEN
 
 logger = logging.getLogger("vllm_idlm")
 PROPOSER_CLASS = "vllm_idlm.engine.proposer.IsdProposer"
@@ -45,7 +44,7 @@ def serve_as_idlm(user_overrides, hf_config):
     return hf_config
 
 
-def _user_spec(args: EngineArgs) -> dict | None:
+def _user_spec(args: Any) -> dict | None:
     spec = args.speculative_config
     if isinstance(spec, str):
         spec = json.loads(spec)
@@ -60,7 +59,7 @@ def _user_spec(args: EngineArgs) -> dict | None:
     return None
 
 
-def translate(args: EngineArgs) -> IsdOptions | None:
+def translate(args: Any) -> IsdOptions | None:
     """Rewrite `args` in place for ISD; returns the options, or None when ISD is off."""
     spec = _user_spec(args)
     if spec is None:
@@ -147,21 +146,13 @@ def resolve(vllm_config, options: IsdOptions) -> None:
     vllm_config.additional_config = additional
 
 
-def install() -> None:
-    original = EngineArgs.create_engine_config
-    if getattr(original, "_idlm_wrapped", False):
-        return
-
-    @functools.wraps(original)
-    def create_engine_config(self, *args, **kwargs):
-        # The args are rewritten in place; callers that build the config twice from the
-        # same args (Ray Data's vLLM stage does) get the options from the first call.
-        options = translate(self) or getattr(self, "_idlm_options", None)
-        self._idlm_options = options
-        vllm_config = original(self, *args, **kwargs)
-        if options is not None:
-            resolve(vllm_config, options)
-        return vllm_config
-
-    create_engine_config._idlm_wrapped = True
-    EngineArgs.create_engine_config = create_engine_config
+def create_engine_config(original, self, *args, **kwargs):
+    """`EngineArgs.create_engine_config` with ISD: the args are rewritten in place; callers
+    that build the config twice from the same args (Ray Data's vLLM stage does) get the
+    options from the first call."""
+    options = translate(self) or getattr(self, "_idlm_options", None)
+    self._idlm_options = options
+    vllm_config = original(self, *args, **kwargs)
+    if options is not None:
+        resolve(vllm_config, options)
+    return vllm_config

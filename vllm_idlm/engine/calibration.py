@@ -14,11 +14,11 @@ import logging
 import time
 
 import torch
-from vllm.config import CUDAGraphMode
 
 from idlm_kernels.argmax import argmax_without
 from vllm_idlm.engine.proposer import IsdProposer
 from vllm_idlm.policy import StepTimes
+from vllm_idlm.seam.runner import RunnerView
 from vllm_idlm.verifier import verify_and_draft, verify_greedy
 
 logger = logging.getLogger("vllm_idlm")
@@ -30,45 +30,33 @@ CONTEXT = 256
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def _seq_len(runner, query_len: int) -> int:
+def _seq_len(runner: RunnerView, query_len: int) -> int:
     """Tokens of context a dummy request of `query_len` query rows attends over."""
-    return min(max(CONTEXT, query_len), runner.model_config.max_model_len)
+    return min(max(CONTEXT, query_len), runner.max_model_len)
 
 
-def _plain_rows(runner, rows: int) -> None:
+def _plain_rows(runner: RunnerView, rows: int) -> None:
     """A dummy forward of `rows` query rows, one per request (as many requests as the
     engine runs at once, the rows shared between them beyond that) over `CONTEXT` tokens
     each, with the logits and argmax of every row."""
-    per_request = -(-rows // min(rows, runner.scheduler_config.max_num_seqs))
-    hidden, _ = runner._dummy_run(
-        rows, force_attention=True, profile_seq_lens=_seq_len(runner, per_request)
-    )
-    runner.model.compute_logits(hidden).argmax(dim=-1).cpu()
+    per_request = -(-rows // min(rows, runner.max_num_seqs))
+    hidden = runner.dummy_run(rows, _seq_len(runner, per_request))
+    runner.compute_logits(hidden).argmax(dim=-1).cpu()
 
 
-def _speculative_rows(runner, k: int, mask_token_id: int, requests: int = 1) -> None:
+def _speculative_rows(runner: RunnerView, k: int, mask_token_id: int, requests: int = 1) -> None:
     """A step of `requests` requests at stride k: 1 + 2k query rows each over `CONTEXT`
     tokens, whose last k are MASK slots (the gated adapter, if any, opens on them), then
     the ISD sampler's pass over them as an all-greedy batch takes it (`_sampler_pass`)."""
     rows = 1 + 2 * k
-    ids = runner.input_ids.gpu
+    ids = runner.input_ids
     for i in range(requests):
         ids[i * rows + rows - k : (i + 1) * rows] = mask_token_id
-    uniform = runner.uniform_decode_query_len
-    runner.uniform_decode_query_len = rows  # the dummy batch's query rows per request
     try:
-        # Eager: a graph captured for vLLM's own uniform query length would not fit.
-        hidden, _ = runner._dummy_run(
-            rows * requests,
-            cudagraph_runtime_mode=CUDAGraphMode.NONE,
-            force_attention=True,
-            uniform_decode=True,
-            profile_seq_lens=_seq_len(runner, rows),
-        )
+        hidden = runner.dummy_run(rows * requests, _seq_len(runner, rows), query_len=rows)
     finally:
-        runner.uniform_decode_query_len = uniform
         ids[: rows * requests] = 0
-    _sampler_pass(runner.model.compute_logits(hidden), k, requests, mask_token_id)
+    _sampler_pass(runner.compute_logits(hidden), k, requests, mask_token_id)
 
 
 def _sampler_pass(logits: torch.Tensor, k: int, requests: int, mask_token_id: int) -> None:
@@ -98,17 +86,16 @@ def _sampler_pass(logits: torch.Tensor, k: int, requests: int, mask_token_id: in
     torch.cat([step.num_accepted, step.next_draft_ids]).tolist()
 
 
-def measure(runner, choices: tuple[int, ...], mask_token_id: int, repeats: int = 5) -> StepTimes:
+def measure(
+    runner: RunnerView, choices: tuple[int, ...], mask_token_id: int, repeats: int = 5
+) -> StepTimes:
     """Time a step of B requests at stride k for every B in `SIZES` the engine can schedule and
     every k in `choices`, the least of `repeats` rounds (each round times every cell once, the
     largest batches first: a small forward timed right after a large one ran slow, its caches
     evicted), made monotone (`monotone`)."""
-    scheduler = runner.scheduler_config
-    limit = min(
-        scheduler.max_num_batched_tokens, scheduler.max_num_seqs * runner.model_config.max_model_len
-    )
+    limit = min(runner.max_num_batched_tokens, runner.max_num_seqs * runner.max_model_len)
     widest = 1 + 2 * max(choices)
-    sizes = [b for b in SIZES if b <= scheduler.max_num_seqs and b * widest <= limit] or [1]
+    sizes = [b for b in SIZES if b <= runner.max_num_seqs and b * widest <= limit] or [1]
     best = {(b, k): float("inf") for b in sizes for k in choices}
     for _ in range(repeats):
         for b in reversed(sizes):
@@ -138,28 +125,37 @@ def monotone(table: list[list[float]]) -> list[list[float]]:
     return out
 
 
-def policy_of(runner):
-    """The adaptive policy of an ISD runner (None without ISD or with a fixed K)."""
-    drafter = getattr(runner, "drafter", None)
+def policy_of(runner: RunnerView):
+    """The stride policy of an ISD runner (None without ISD)."""
+    drafter = runner.drafter
     return drafter.state.policy if isinstance(drafter, IsdProposer) else None
 
 
-def calibrate_once(runner) -> bool:
+def calibrate_once(runner: RunnerView) -> bool:
     """Measure the step times of an ISD runner whose policy is not pinned, once; True when it
     did. The random state is left as it was (vLLM seeds it after its warm-up)."""
     policy = policy_of(runner)
-    if policy is None or policy.times.pinned or getattr(runner, "_idlm_calibrated", False):
+    if policy is None or policy.times.pinned or runner.calibrated:
         return False
-    runner._idlm_calibrated = True
+    runner.calibrated = True
     began = time.perf_counter()
     with torch.inference_mode(), torch.random.fork_rng():
         policy.times = measure(runner, policy.choices, runner.drafter.options.mask_token_id)
-    runner._idlm_calibration_s = time.perf_counter() - began
+    runner.calibration_s = time.perf_counter() - began
     logger.info(
         "idlm: step times (ms) at batch sizes %s, strides %s: %s (measured in %.1f s)",
         policy.times.sizes,
         list(policy.choices),
         [[round(t * 1e3, 2) for t in row] for row in policy.times.table],
-        runner._idlm_calibration_s,
+        runner.calibration_s,
     )
     return True
+
+
+def after_warm_up(original, self, *args, **kwargs):
+    """vLLM's worker warm-up (the KV cache is allocated and the model compiled), then the
+    step times, so that no request pays for them. An engine whose warm-up never runs is
+    calibrated before its first step instead (`engine.runner.execute_model`)."""
+    out = original(self, *args, **kwargs)
+    calibrate_once(RunnerView.of(self.model_runner))
+    return out

@@ -8,14 +8,16 @@
 3. CPU LoRA maps "no adapter" to the last adapter slot; ISD's gated adapter avoids
    vLLM's LoRA path entirely (see `engine.gated_lora`), so nothing to patch here.
 4. A seeded request in chunked prefill kills the engine: its generator is rewound with
-   CUDA-only offsets (`install_generator_rewind`, applied to the model runner).
+   CUDA-only offsets (`sample` and `bookkeeping_sync`, on the model runner).
+
+Each is a CPU-only patch of the seam table (`vllm_idlm.seam.table`).
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from vllm_idlm.seam.runner import RunnerView
 
 
 def expand_batch_to_tokens(
@@ -35,72 +37,36 @@ def expand_batch_to_tokens(
     return expanded
 
 
-def install() -> None:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    from vllm.v1.sample import rejection_sampler
-    from vllm.v1.sample.ops import topk_topp_sampler
-
-    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
-
-    original = topk_topp_sampler.apply_top_k_only
-    if getattr(original, "_idlm_wrapped", False):
-        return
-
-    @functools.wraps(original)
-    def apply_top_k_only(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        if logits.shape[0] == 0 or k.numel() == 0:
-            return logits
-        return original(logits, k)
-
-    apply_top_k_only._idlm_wrapped = True
-    topk_topp_sampler.apply_top_k_only = apply_top_k_only
+def apply_top_k_only(original, logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Bug 2: nothing to filter in an empty batch."""
+    if logits.shape[0] == 0 or k.numel() == 0:
+        return logits
+    return original(logits, k)
 
 
-def _discarded_cpu_generators(runner) -> dict[int, torch.Generator]:
-    num_reqs = runner.input_batch.num_reqs
-    discarded = runner.discard_request_mask.np[:num_reqs].nonzero()[0]
-    gens = runner.input_batch.generators
-    return {
-        int(i): gens[int(i)]
-        for i in discarded
-        if int(i) in gens and gens[int(i)].device.type == "cpu"
-    }
-
-
-def install_generator_rewind(runner_cls) -> None:
+def sample(original, self, *args, **kwargs):
     """Bug 4: a seeded request whose sampled token is discarded (a prompt chunk of chunked
     prefill) has its generator rewound with `set_offset(get_offset() - 4)`, which only CUDA's
     Philox generators support: on CPU the engine dies ("CPU Generator does not use offset").
-    The CPU equivalent: save the generator's state before sampling, restore it after."""
-    original_sample = runner_cls._sample
-    if getattr(original_sample, "_idlm_wrapped", False):
-        return
-    original_bookkeeping = runner_cls._bookkeeping_sync
+    The CPU equivalent: save the generator's state before sampling (here), restore it after
+    (`bookkeeping_sync`)."""
+    view = RunnerView.of(self)
+    view.saved_generators = {
+        i: (gen, gen.get_state()) for i, gen in view.discarded_cpu_generators().items()
+    }
+    return original(self, *args, **kwargs)
 
-    @functools.wraps(original_sample)
-    def _sample(self, *args, **kwargs):
-        self._idlm_saved_generators = {
-            i: (gen, gen.get_state()) for i, gen in _discarded_cpu_generators(self).items()
-        }
-        return original_sample(self, *args, **kwargs)
 
-    @functools.wraps(original_bookkeeping)
-    def _bookkeeping_sync(self, *args, **kwargs):
-        saved = getattr(self, "_idlm_saved_generators", None) or {}
-        self._idlm_saved_generators = None
-        gens = self.input_batch.generators
-        for i in saved:  # vLLM skips requests without a generator
-            gens.pop(i, None)
-        try:
-            return original_bookkeeping(self, *args, **kwargs)
-        finally:
-            for i, (gen, state) in saved.items():
-                gen.set_state(state)
-                gens[i] = gen
-
-    _sample._idlm_wrapped = True
-    runner_cls._sample = _sample
-    runner_cls._bookkeeping_sync = _bookkeeping_sync
+def bookkeeping_sync(original, self, *args, **kwargs):
+    view = RunnerView.of(self)
+    saved = view.saved_generators or {}
+    view.saved_generators = None
+    gens = view.generators
+    for i in saved:  # vLLM skips requests without a generator
+        gens.pop(i, None)
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        for i, (gen, state) in saved.items():
+            gen.set_state(state)
+            gens[i] = gen

@@ -8,34 +8,23 @@ engine never sees it.
 
 from __future__ import annotations
 
-import functools
-
-from vllm.exceptions import VLLMValidationError
-from vllm.v1.engine.input_processor import InputProcessor
-
 from vllm_idlm.config import ADDITIONAL_CONFIG_KEY
 
 
-def install() -> None:
-    original = InputProcessor._validate_model_input
-    if getattr(original, "_idlm_wrapped", False):
+def validate_model_input(original, self, prompt_input, prompt_type) -> None:
+    """vLLM's `InputProcessor._validate_model_input`, then the MASK check."""
+    original(self, prompt_input, prompt_type)
+    options = (self.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+    if not options or prompt_input.get("type") == "embeds":
         return
+    mask_token_id = options["mask_token_id"]
+    prompt_ids = prompt_input.get("prompt_token_ids") or []
+    if mask_token_id in prompt_ids:
+        from vllm_idlm.seam.vllm import VLLMValidationError
 
-    @functools.wraps(original)
-    def _validate_model_input(self, prompt_input, prompt_type):
-        original(self, prompt_input, prompt_type)
-        options = (self.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
-        if not options or prompt_input.get("type") == "embeds":
-            return
-        mask_token_id = options["mask_token_id"]
-        prompt_ids = prompt_input.get("prompt_token_ids") or []
-        if mask_token_id in prompt_ids:
-            raise VLLMValidationError(
-                f"The prompt contains the I-DLM MASK token (id {mask_token_id}) at position "
-                f"{list(prompt_ids).index(mask_token_id)}; MASK is reserved for ISD drafting "
-                "and cannot appear in a prompt",
-                parameter="prompt",
-            )
-
-    _validate_model_input._idlm_wrapped = True
-    InputProcessor._validate_model_input = _validate_model_input
+        raise VLLMValidationError(
+            f"The prompt contains the I-DLM MASK token (id {mask_token_id}) at position "
+            f"{list(prompt_ids).index(mask_token_id)}; MASK is reserved for ISD drafting "
+            "and cannot appear in a prompt",
+            parameter="prompt",
+        )

@@ -12,26 +12,25 @@ state is per request, their semantics unknown: nothing says one may be applied t
 positions of a request at once).
 
 Exactly once per row: a step without draft slots takes vLLM's plain path
-(`runner._install_slot_free_steps`), whose sampler applies both; a step with slots goes
+(`engine.runner.prepare_inputs`), whose sampler applies both; a step with slots goes
 through the ISD sampler, whose `forward` replaces vLLM's rejection sampler (and with it
 vLLM's bonus sampler, the only spec-path caller of the plain sampler's processors).
 """
 
 from __future__ import annotations
 
-import functools
 from itertools import accumulate
 
 import torch
-from vllm.sampling_params import SamplingParams
-from vllm.v1.sample.logits_processor import BUILTIN_LOGITS_PROCESSORS, LogitsProcessors
-from vllm.v1.sample.logits_processor.builtin import (
-    LogitBiasLogitsProcessor,
-    MinPLogitsProcessor,
-)
 
 from vllm_idlm.config import ADDITIONAL_CONFIG_KEY
 from vllm_idlm.engine.args import PROPOSER_CLASS
+from vllm_idlm.seam.vllm import (
+    BUILTIN_LOGITS_PROCESSORS,
+    LogitBiasLogitsProcessor,
+    LogitsProcessors,
+    MinPLogitsProcessor,
+)
 
 
 def is_isd_spec(speculative_config) -> bool:
@@ -78,40 +77,22 @@ def apply_to_every_row(processor, rows: torch.Tensor, num_rows: list[int]) -> to
     return rows
 
 
-def install() -> None:
+def validate_spec_decode(original, self, speculative_config) -> None:
     """In every process that validates requests (the API / LLM process): accept both
     parameters under ISD."""
-    original = SamplingParams._validate_spec_decode
-    if getattr(original, "_idlm_wrapped", False):
-        return
-
-    @functools.wraps(original)
-    def _validate_spec_decode(self, speculative_config) -> None:
-        if is_isd_spec(speculative_config):
-            return  # 0.32 checks nothing else there: min_p and logit_bias only
-        original(self, speculative_config)
-
-    _validate_spec_decode._idlm_wrapped = True
-    SamplingParams._validate_spec_decode = _validate_spec_decode
+    if is_isd_spec(speculative_config):
+        return  # 0.32 checks nothing else there: min_p and logit_bias only
+    original(self, speculative_config)
 
 
-def install_loading() -> None:
-    """When the model runner module is imported: an ISD engine's runner loads vLLM's
-    built-in processors (min-tokens, logit-bias, min-p) as a plain engine does."""
-    from vllm.v1.worker import gpu_model_runner
-
-    original = gpu_model_runner.build_logitsprocs
-    if getattr(original, "_idlm_wrapped", False):
-        return
-
-    @functools.wraps(original)
-    def build_logitsprocs(vllm_config, device, is_pin_memory, is_pooling_model, custom=()):
-        if is_pooling_model or custom or not is_isd_engine(vllm_config):
-            # vLLM's answer: custom processors are refused under a speculative config.
-            return original(vllm_config, device, is_pin_memory, is_pooling_model, custom)
-        return LogitsProcessors(
-            ctor(vllm_config, device, is_pin_memory) for ctor in BUILTIN_LOGITS_PROCESSORS
-        )
-
-    build_logitsprocs._idlm_wrapped = True
-    gpu_model_runner.build_logitsprocs = build_logitsprocs
+def build_logitsprocs(
+    original, vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs=()
+):
+    """An ISD engine's runner loads vLLM's built-in processors (min-tokens, logit-bias,
+    min-p) as a plain engine does."""
+    if is_pooling_model or custom_logitsprocs or not is_isd_engine(vllm_config):
+        # vLLM's answer: custom processors are refused under a speculative config.
+        return original(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs)
+    return LogitsProcessors(
+        ctor(vllm_config, device, is_pin_memory) for ctor in BUILTIN_LOGITS_PROCESSORS
+    )

@@ -10,7 +10,8 @@ with probability p(token) and the residual is p without the token (`idlm_kernels
 from __future__ import annotations
 
 import numpy as np
-from vllm.v1.spec_decode.ngram_proposer import (
+
+from vllm_idlm.seam.vllm import (
     _find_longest_matched_ngram_and_propose_tokens as _longest_match,
 )
 

@@ -6,12 +6,9 @@ source (`vllm:idlm_{lookup,mask}_{draft,accepted}_tokens`) and drafts per positi
 from __future__ import annotations
 
 import copy
-import functools
-
-from vllm.v1.metrics.utils import create_metric_per_engine
-from vllm.v1.spec_decode.metrics import SpecDecodingProm
 
 from vllm_idlm.engine.args import PROPOSER_CLASS
+from vllm_idlm.seam.vllm import create_metric_per_engine
 
 # The counters of verified drafts per source, in `SourceCounts.as_list` order.
 SOURCE_COUNTERS = (
@@ -30,54 +27,46 @@ def is_isd(speculative_config) -> bool:
     )
 
 
-def install() -> None:
-    original_init = SpecDecodingProm.__init__
-    if getattr(original_init, "_idlm_wrapped", False):
+def prom_init(
+    original, self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs
+):
+    """`SpecDecodingProm.__init__` with per-position counters for 2K - 1 drafts, and ISD's."""
+    self.idlm_sources = None
+    if is_isd(speculative_config):
+        speculative_config = copy.copy(speculative_config)
+        object.__setattr__(
+            speculative_config,
+            "num_speculative_tokens",
+            speculative_config.num_speculative_tokens - 1,
+        )
+        positions = speculative_config.num_speculative_tokens
+        self.idlm_num_drafts = positions
+        self.idlm_sources = [
+            create_metric_per_engine(
+                self._counter_cls(name=name, documentation=doc, labelnames=labelnames),
+                per_engine_labelvalues,
+            )
+            for name, doc in SOURCE_COUNTERS
+        ]
+        per_pos = self._counter_cls(
+            name="vllm:idlm_draft_tokens_per_pos",
+            documentation="Drafts verified per draft position (ISD).",
+            labelnames=[*labelnames, "position"],
+        )
+        self.idlm_drafted = {
+            idx: [per_pos.labels(*lv, str(pos)) for pos in range(positions)]
+            for idx, lv in per_engine_labelvalues.items()
+        }
+    original(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs)
+
+
+def prom_observe(original, self, spec_decoding_stats, engine_idx: int = 0):
+    original(self, spec_decoding_stats, engine_idx)
+    if self.idlm_sources is None:
         return
-    original_observe = SpecDecodingProm.observe
-
-    @functools.wraps(original_init)
-    def __init__(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs):
-        self.idlm_sources = None
-        if is_isd(speculative_config):
-            speculative_config = copy.copy(speculative_config)
-            object.__setattr__(
-                speculative_config,
-                "num_speculative_tokens",
-                speculative_config.num_speculative_tokens - 1,
-            )
-            positions = speculative_config.num_speculative_tokens
-            self.idlm_num_drafts = positions
-            self.idlm_sources = [
-                create_metric_per_engine(
-                    self._counter_cls(name=name, documentation=doc, labelnames=labelnames),
-                    per_engine_labelvalues,
-                )
-                for name, doc in SOURCE_COUNTERS
-            ]
-            per_pos = self._counter_cls(
-                name="vllm:idlm_draft_tokens_per_pos",
-                documentation="Drafts verified per draft position (ISD).",
-                labelnames=[*labelnames, "position"],
-            )
-            self.idlm_drafted = {
-                idx: [per_pos.labels(*lv, str(pos)) for pos in range(positions)]
-                for idx, lv in per_engine_labelvalues.items()
-            }
-        original_init(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs)
-
-    @functools.wraps(original_observe)
-    def observe(self, spec_decoding_stats, engine_idx: int = 0):
-        original_observe(self, spec_decoding_stats, engine_idx)
-        if self.idlm_sources is None:
-            return
-        drafted = spec_decoding_stats.num_draft_tokens_per_pos
-        for counter, value in zip(self.idlm_drafted[engine_idx], drafted, strict=False):
-            counter.inc(value)
-        tail = drafted[self.idlm_num_drafts :]
-        for counters, value in zip(self.idlm_sources, tail, strict=False):
-            counters[engine_idx].inc(value)
-
-    __init__._idlm_wrapped = True
-    SpecDecodingProm.__init__ = __init__
-    SpecDecodingProm.observe = observe
+    drafted = spec_decoding_stats.num_draft_tokens_per_pos
+    for counter, value in zip(self.idlm_drafted[engine_idx], drafted, strict=False):
+        counter.inc(value)
+    tail = drafted[self.idlm_num_drafts :]
+    for counters, value in zip(self.idlm_sources, tail, strict=False):
+        counters[engine_idx].inc(value)

@@ -10,11 +10,10 @@ rows only.
 from __future__ import annotations
 
 import torch
-from vllm.model_executor.models.llama import LlamaForCausalLM
-from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 from vllm_idlm.config import ADDITIONAL_CONFIG_KEY, architecture_for
 from vllm_idlm.gated_lora import GatedLinear, GateState, check_adapter, load_adapter
+from vllm_idlm.seam.vllm import LlamaForCausalLM, Qwen3ForCausalLM
 
 
 def mask_token_id_of(vllm_config) -> int | None:

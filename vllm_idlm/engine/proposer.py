@@ -21,6 +21,7 @@ from vllm_idlm.config import ADDITIONAL_CONFIG_KEY, IsdOptions
 from vllm_idlm.engine.lookup import Lookup
 from vllm_idlm.engine.state import IsdState, Proposal
 from vllm_idlm.policy import PolicyConfig, StepTimes, StridePolicy
+from vllm_idlm.seam.runner import RunnerView
 
 # Step times before the engine has measured its own (seconds; a step, a query row).
 PRIOR_STEP_S, PRIOR_ROW_S = 0.01, 1e-4
@@ -59,17 +60,16 @@ class IsdProposer:
             max_model_len = getattr(model_config, "max_model_len", 1 << 30)
             low, high = self.options.lookup_ngram
             self.lookup = Lookup(low, high, max_model_len)
-        self._runner: Any = None
+        self._runner: RunnerView | None = None
 
-    def bind_runner(self, runner: Any) -> None:
+    def bind_runner(self, runner: RunnerView) -> None:
         self._runner = runner
 
     def load_model(self, target_model: Any) -> None:
         """Nothing to load: the target model drafts for itself."""
 
     def _params(self, req_id: str) -> Any:
-        request = self._runner.requests.get(req_id) if self._runner is not None else None
-        return getattr(request, "sampling_params", None)
+        return self._runner.sampling_params(req_id) if self._runner is not None else None
 
     def _drafts_for(self, params: Any) -> bool:
         """Whether the request drafts at all. Structured outputs do not: grammar validation
@@ -90,7 +90,7 @@ class IsdProposer:
         **kwargs: Any,
     ) -> list[list[int]]:
         state, policy = self.state, self.state.policy
-        req_ids = list(self._runner.input_batch.req_ids)
+        req_ids = self._runner.req_ids
         drafting = [
             bool(sampled) and self._drafts_for(self._params(r))
             for r, sampled in zip(req_ids, sampled_token_ids, strict=True)

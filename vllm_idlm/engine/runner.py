@@ -1,88 +1,69 @@
-"""Hooks on vLLM's model runner: install the ISD sampler next to the ISD proposer, and
-free per-request ISD state as soon as vLLM drops a request's drafts."""
+"""Patches on vLLM's model runner (listed in `vllm_idlm.seam.table`): the ISD sampler next to
+the ISD proposer, per-request ISD state freed as soon as vLLM drops a request's drafts, plain
+steps where no request drafts, and every step timed for the stride policy."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from dataclasses import dataclass
-
-from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_idlm.engine.calibration import calibrate_once, policy_of
 from vllm_idlm.engine.proposer import IsdProposer
 from vllm_idlm.engine.sampler import IsdRejectionSampler
 from vllm_idlm.engine.scheduler import DRAFTS_ATTR, SOURCES_ATTR
+from vllm_idlm.seam.runner import RunnerView
+from vllm_idlm.seam.vllm import ModelRunnerOutput
 
 logger = logging.getLogger("vllm_idlm")
 
 
-def _use_one_filter(sampler) -> None:
-    """Make vLLM's first-token sampler filter with `apply_top_k_top_p`, as ISD's rows do.
-
-    On CUDA vLLM samples with FlashInfer when it can, whose top-k / top-p resolve ties
-    their own way; the PyTorch-native path uses the same filter function as the ISD path.
-    """
-    topk = getattr(sampler, "topk_topp_sampler", None)
-    if topk is not None and topk.forward == getattr(topk, "forward_cuda", None):
-        topk.forward = topk.forward_native
-        logger.info("idlm: vLLM's sampler uses its native top-k/top-p path (one filter)")
+def isd_of(view: RunnerView) -> IsdProposer | None:
+    drafter = view.drafter
+    return drafter if isinstance(drafter, IsdProposer) else None
 
 
-def install() -> None:
-    install_worker_rpc()
-    original_init = GPUModelRunner.__init__
-    if getattr(original_init, "_idlm_wrapped", False):
+def runner_init(original, self, *args, **kwargs) -> None:
+    original(self, *args, **kwargs)
+    view = RunnerView.of(self)
+    drafter = isd_of(view)
+    if drafter is None:
         return
-
-    @functools.wraps(original_init)
-    def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        drafter = getattr(self, "drafter", None)
-        if isinstance(drafter, IsdProposer):
-            drafter.bind_runner(self)
-            _use_one_filter(self.sampler)
-            # vLLM skips the proposer for the whole batch, and schedules zeros as every
-            # request's drafts, when one request is within 2K tokens of max_model_len (a
-            # limit meant for separate draft models). ISD's MASK rows are part of the
-            # target forward and the scheduler already trims slots at max_model_len.
-            self._input_fits_in_drafter = lambda common_attn_metadata: (
-                common_attn_metadata is not None
-            )
-            self.rejection_sampler = IsdRejectionSampler(
-                self.sampler,
-                self.speculative_config,
-                self.device,
-                self,
-                drafter.options,
-                drafter.state,
-            )
-
-    __init__._idlm_wrapped = True
-    GPUModelRunner.__init__ = __init__
-
-    original_update = GPUModelRunner._update_states
-
-    @functools.wraps(original_update)
-    def _update_states(self, scheduler_output):
-        drafter = getattr(self, "drafter", None)
-        if isinstance(drafter, IsdProposer):
-            # Finished and aborted requests are gone; preempted ones lost their drafts
-            # (vLLM clears them) and so did resumed ones.
-            resumed = scheduler_output.scheduled_cached_reqs.resumed_req_ids
-            drafter.state.finish(scheduler_output.finished_req_ids)
-            drafter.state.forget(scheduler_output.preempted_req_ids or ())
-            drafter.state.forget(resumed or ())
-        return original_update(self, scheduler_output)
-
-    GPUModelRunner._update_states = _update_states
-    _install_slot_free_steps()
-    _install_step_timing()
+    drafter.bind_runner(view)
+    # On CUDA vLLM samples with FlashInfer when it can, whose top-k / top-p resolve ties
+    # their own way; the PyTorch-native path uses the same filter function as the ISD path.
+    if view.use_native_top_k_top_p():
+        logger.info("idlm: vLLM's sampler uses its native top-k/top-p path (one filter)")
+    view.replace_rejection_sampler(
+        IsdRejectionSampler(
+            view.sampler, view.speculative_config, view.device, view, drafter.options, drafter.state
+        )
+    )
 
 
-def _install_slot_free_steps() -> None:
+def input_fits_in_drafter(original, self, common_attn_metadata) -> bool:
+    """vLLM skips the proposer for the whole batch, and schedules zeros as every request's
+    drafts, when one request is within 2K tokens of max_model_len (a limit meant for separate
+    draft models). ISD's MASK rows are part of the target forward and the scheduler already
+    trims slots at max_model_len."""
+    if isd_of(RunnerView.of(self)) is None:
+        return original(self, common_attn_metadata)
+    return common_attn_metadata is not None
+
+
+def update_states(original, self, scheduler_output):
+    drafter = isd_of(RunnerView.of(self))
+    if drafter is not None:
+        # Finished and aborted requests are gone; preempted ones lost their drafts
+        # (vLLM clears them) and so did resumed ones.
+        resumed = scheduler_output.scheduled_cached_reqs.resumed_req_ids
+        drafter.state.finish(scheduler_output.finished_req_ids)
+        drafter.state.forget(scheduler_output.preempted_req_ids or ())
+        drafter.state.forget(resumed or ())
+    return original(self, scheduler_output)
+
+
+def prepare_inputs(original, self, scheduler_output, *args, **kwargs):
     """A step in which no request carries a draft slot takes vLLM's plain branch of
     `_prepare_inputs` (one logits row per request, no speculative metadata), so `_sample`
     runs vLLM's own sampler: the same distribution of the next token either way (the MASK
@@ -91,28 +72,13 @@ def _install_slot_free_steps() -> None:
     A seeded random request draws the same numbers from its generator on either path: on
     ISD steps where it has no draft to verify or make, the ISD sampler has vLLM's sampler
     draw its token (`IsdRejectionSampler._draw_as_vllm`)."""
-    original_prepare = GPUModelRunner._prepare_inputs
-    if getattr(original_prepare, "_idlm_wrapped", False):
-        return
-
-    @functools.wraps(original_prepare)
-    def _prepare_inputs(self, scheduler_output, *args, **kwargs):
-        if scheduler_output.scheduled_spec_decode_tokens or not _is_isd(self):
-            return original_prepare(self, scheduler_output, *args, **kwargs)
-        self.drafter.state.num_plain_steps += 1
-        # `_prepare_inputs` reads the speculative config once, to pick its branch.
-        spec_config, self.speculative_config = self.speculative_config, None
-        try:
-            return original_prepare(self, scheduler_output, *args, **kwargs)
-        finally:
-            self.speculative_config = spec_config
-
-    _prepare_inputs._idlm_wrapped = True
-    GPUModelRunner._prepare_inputs = _prepare_inputs
-
-
-def _is_isd(runner) -> bool:
-    return isinstance(getattr(runner, "drafter", None), IsdProposer)
+    view = RunnerView.of(self)
+    drafter = isd_of(view)
+    if scheduler_output.scheduled_spec_decode_tokens or drafter is None:
+        return original(self, scheduler_output, *args, **kwargs)
+    drafter.state.num_plain_steps += 1
+    with view.without_speculation():
+        return original(self, scheduler_output, *args, **kwargs)
 
 
 # A gap longer than this between one step's end and the next step's start is idle time (no
@@ -131,67 +97,63 @@ class _Step:
     sampled: float | None = None  # when its sampling ended
 
 
-def _install_step_timing() -> None:
+def execute_model(original, self, scheduler_output, *args, **kwargs):
     """Time every step for the policy's step times: from one step's start (execute_model) to
     the next one's, so that what the engine does between forwards for the step (scheduling the
     draft slots, applying verdicts, shipping outputs) counts too; a step followed by an idle
-    gap is timed to the end of its sampling only. Steps that carry prompt tokens (their time is
-    the prefill's) and probes (not the stride held) are not counted."""
-    original_execute = GPUModelRunner.execute_model
-    original_sample = GPUModelRunner.sample_tokens
-
-    @functools.wraps(original_execute)
-    def execute_model(self, scheduler_output, *args, **kwargs):
-        total = scheduler_output.total_num_scheduled_tokens
-        if total and _is_isd(self):
-            slots = scheduler_output.scheduled_spec_decode_tokens
-            requests = len(scheduler_output.num_scheduled_tokens)
-            # A row that samples per request and per draft slot; the rest are prompt tokens.
-            rows = min(requests + sum(map(len, slots.values())), total)
-            drafting = sum(1 for s in slots.values() if s)  # requests with draft slots
-            counts = self.__dict__.setdefault("_idlm_rows", [0, 0, 0, 0])  # idlm_state's
-            counts[0] += 1
-            counts[1] += rows
-            counts[2] += drafting > 0
-            counts[3] += drafting
-            policy = policy_of(self)
-            if policy.fixed is None:
+    gap is timed to the end of its sampling only (`sample_tokens`). Steps that carry prompt
+    tokens (their time is the prefill's) and probes (not the stride held) are not counted."""
+    total = scheduler_output.total_num_scheduled_tokens
+    view = RunnerView.of(self)
+    if total and isd_of(view) is not None:
+        slots = scheduler_output.scheduled_spec_decode_tokens
+        requests = len(scheduler_output.num_scheduled_tokens)
+        # A row that samples per request and per draft slot; the rest are prompt tokens.
+        rows = min(requests + sum(map(len, slots.values())), total)
+        drafting = sum(1 for s in slots.values() if s)  # requests with draft slots
+        counts = view.rows  # idlm_state's
+        counts[0] += 1
+        counts[1] += rows
+        counts[2] += drafting > 0
+        counts[3] += drafting
+        policy = policy_of(view)
+        if policy.fixed is None:
+            now = time.perf_counter()
+            step = view.step
+            if step is not None and step.timed and step.sampled is not None:
+                end = now if now - step.sampled <= IDLE_GAP_S else step.sampled
+                policy.times.observe(step.batch, step.stride, end - step.start)
+            if calibrate_once(view):  # its warm-up was skipped: before the first step
                 now = time.perf_counter()
-                step = getattr(self, "_idlm_step", None)
-                if step is not None and step.timed and step.sampled is not None:
-                    end = now if now - step.sampled <= IDLE_GAP_S else step.sampled
-                    policy.times.observe(step.batch, step.stride, end - step.start)
-                if calibrate_once(self):  # its warm-up was skipped: before the first step
-                    now = time.perf_counter()
-                timed = rows == total and not policy.probing
-                self._idlm_step = _Step(now, requests, policy.stride, timed)
-        return original_execute(self, scheduler_output, *args, **kwargs)
-
-    @functools.wraps(original_sample)
-    def sample_tokens(self, *args, **kwargs):
-        executed = getattr(self, "execute_model_state", None) is not None
-        output = original_sample(self, *args, **kwargs)
-        step = getattr(self, "_idlm_step", None)
-        if step is not None:
-            step.sampled = time.perf_counter()
-        if executed and isinstance(output, ModelRunnerOutput) and _is_isd(self):
-            # The next step's drafts travel with this step's output (IsdScheduler applies
-            # them), saving the engine a round trip to the worker to fetch them; so do the
-            # step's verdicts per draft source, for the metrics.
-            setattr(output, DRAFTS_ATTR, self.take_draft_token_ids())
-            setattr(output, SOURCES_ATTR, self.drafter.state.step_sources.as_list())
-        return output
-
-    GPUModelRunner.execute_model = execute_model
-    GPUModelRunner.sample_tokens = sample_tokens
+            timed = rows == total and not policy.probing
+            view.step = _Step(now, requests, policy.stride, timed)
+    return original(self, scheduler_output, *args, **kwargs)
 
 
-def idlm_state(worker) -> dict | None:
-    """What one worker's ISD state holds (`LLM.collective_rpc("idlm_state")`): per-request
-    entries still tracked and the step counters; None on an engine without ISD."""
-    runner = getattr(worker, "model_runner", None)
-    drafter = getattr(runner, "drafter", None)
-    if not isinstance(drafter, IsdProposer):
+def sample_tokens(original, self, *args, **kwargs):
+    view = RunnerView.of(self)
+    executed = view.executed
+    output = original(self, *args, **kwargs)
+    if view.step is not None:
+        view.step.sampled = time.perf_counter()
+    drafter = isd_of(view)
+    if executed and drafter is not None and isinstance(output, ModelRunnerOutput):
+        # The next step's drafts travel with this step's output (IsdScheduler applies
+        # them), saving the engine a round trip to the worker to fetch them; so do the
+        # step's verdicts per draft source, for the metrics.
+        setattr(output, DRAFTS_ATTR, view.take_draft_token_ids())
+        setattr(output, SOURCES_ATTR, drafter.state.step_sources.as_list())
+    return output
+
+
+def idlm_state(wrapper) -> dict | None:
+    """What one worker's ISD state holds (`LLM.collective_rpc("idlm_state")`, a method added to
+    vLLM's worker wrapper): per-request entries still tracked and the step counters; None on
+    an engine without ISD."""
+    runner = getattr(wrapper.worker, "model_runner", None)
+    view = RunnerView.of(runner) if runner is not None else None
+    drafter = isd_of(view) if view is not None else None
+    if drafter is None:
         return None
     state = drafter.state
     out = {
@@ -210,7 +172,7 @@ def idlm_state(worker) -> dict | None:
             )
         ),
     }
-    steps, rows, spec, drafting = getattr(runner, "_idlm_rows", (0, 0, 0, 0))
+    steps, rows, spec, drafting = view.rows
     # Decode rows (one per request plus its draft slots) over all steps, the steps that took
     # the speculative path and the requests that drafted in them.
     out["decode_rows"] = {
@@ -232,17 +194,10 @@ def idlm_state(worker) -> dict | None:
             "pinned": times.pinned,
             "factors": {f"{b},{k}": f for (b, k), f in sorted(times.factors.items())},
         }
-        out["calibration_s"] = getattr(runner, "_idlm_calibration_s", None)
+        out["calibration_s"] = view.calibration_s
         out["engine_acceptance"] = list(policy.engine)
         out["observed_positions"] = list(policy.observed)
         out["strides_chosen"] = dict(sorted(policy.chosen.items()))
         out["probes"] = policy.probes
         out["switches"] = policy.switches
     return out
-
-
-def install_worker_rpc() -> None:
-    from vllm.v1.worker.worker_base import WorkerWrapperBase
-
-    if getattr(WorkerWrapperBase, "idlm_state", None) is None:
-        WorkerWrapperBase.idlm_state = lambda self: idlm_state(self.worker)

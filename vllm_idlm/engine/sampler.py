@@ -33,23 +33,23 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
-from typing import Any
 
 import torch
-from vllm.v1.outputs import SamplerOutput
-from vllm.v1.sample import rejection_sampler as vllm_rejection
-from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
-from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
-from vllm.v1.sample.rejection_sampler import (
-    PLACEHOLDER_TOKEN_ID,
-    RejectionSampler,
-    apply_sampling_constraints,
-)
 
 from idlm_kernels.argmax import argmax_without
 from vllm_idlm.config import IsdOptions
 from vllm_idlm.engine.logitsprocs import apply_to_every_row, row_processors
 from vllm_idlm.engine.state import IsdState
+from vllm_idlm.seam import vllm as seam_vllm
+from vllm_idlm.seam.runner import RunnerView
+from vllm_idlm.seam.vllm import (
+    PLACEHOLDER_TOKEN_ID,
+    MinTokensLogitsProcessor,
+    RejectionSampler,
+    SamplerOutput,
+    apply_sampling_constraints,
+    apply_top_k_top_p,
+)
 from vllm_idlm.slots import SlotPlan, plan_slots
 from vllm_idlm.verifier import sample_without_drafts, verify_and_draft, verify_greedy
 
@@ -86,7 +86,7 @@ def needs_logits_processing(sampling_metadata) -> bool:
 
 class IsdRejectionSampler(RejectionSampler):
     def __init__(
-        self, sampler, spec_config, device, runner: Any, options: IsdOptions, state: IsdState
+        self, sampler, spec_config, device, runner: RunnerView, options: IsdOptions, state: IsdState
     ) -> None:
         super().__init__(sampler, spec_config, device)
         self._runner = runner
@@ -209,16 +209,16 @@ class IsdRejectionSampler(RejectionSampler):
 
     def _batch(self, metadata, sm) -> _Batch:
         num_slots = list(metadata.num_draft_tokens)
-        input_batch = self._runner.input_batch
-        req_ids = list(input_batch.req_ids)
+        req_ids = self._runner.req_ids
         if len(req_ids) == len(num_slots):
             # Host copies of the scheduled slots (no device sync).
-            slots = [list(input_batch.spec_token_ids[i]) for i in range(len(req_ids))]
+            slots = self._runner.scheduled_slots(len(req_ids))
             if [len(s) for s in slots] == num_slots:
                 if sm.all_greedy or sm.all_random:
                     greedy = [sm.all_greedy] * len(req_ids)
                 else:
-                    greedy = [r in input_batch.greedy_reqs for r in req_ids]
+                    greedy_ids = self._runner.greedy_req_ids
+                    greedy = [r in greedy_ids for r in req_ids]
                 return _Batch(req_ids, slots, greedy, live=True)
         # vLLM's dummy runs (profiling, warm-up): read the dummy drafts off the device.
         flat, slots = metadata.draft_token_ids.tolist(), []
@@ -315,7 +315,7 @@ class IsdRejectionSampler(RejectionSampler):
         if keep_rows:
             unfiltered = rows[torch.tensor(keep_rows, dtype=torch.int64, device=rows.device)]
         if not sm.all_greedy and (sm.top_k is not None or sm.top_p is not None):
-            expand = vllm_rejection.expand_batch_to_tokens  # patched on CPU (`cpu_fixes`)
+            expand = seam_vllm.expand_batch_to_tokens  # as patched on CPU (`cpu_fixes`)
             num = rows.shape[0]
             top_k = None if sm.top_k is None else expand(sm.top_k, cu_num_rows, num)
             top_p = None if sm.top_p is None else expand(sm.top_p, cu_num_rows, num)

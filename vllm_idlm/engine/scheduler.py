@@ -16,12 +16,8 @@ executor, the CPU build's only one, that is an IPC round trip per step).
 
 from __future__ import annotations
 
-import functools
-
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.spec_decode.metrics import SpecDecodingStats
-
 from vllm_idlm.config import ADDITIONAL_CONFIG_KEY
+from vllm_idlm.seam.vllm import Scheduler, SpecDecodingStats
 from vllm_idlm.slots import num_real_drafts
 
 # ModelRunnerOutput attribute carrying the step's DraftTokenIds (None: no drafts).
@@ -89,19 +85,8 @@ class IsdScheduler(Scheduler):
         )
 
 
-def install() -> None:
+def post_step(original, self, model_executed: bool) -> None:
     """Skip the engine's draft fetch after a step whose output brought its drafts."""
-    from vllm.v1.engine.core import EngineCore
-
-    original = EngineCore.post_step
-    if getattr(original, "_idlm_wrapped", False):
+    if getattr(self.scheduler, "drafts_from_output", False):
         return
-
-    @functools.wraps(original)
-    def post_step(self, model_executed: bool) -> None:
-        if getattr(self.scheduler, "drafts_from_output", False):
-            return
-        original(self, model_executed)
-
-    post_step._idlm_wrapped = True
-    EngineCore.post_step = post_step
+    original(self, model_executed)

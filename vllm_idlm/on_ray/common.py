@@ -42,7 +42,7 @@ def isd_engine_kwargs(
 
 def on_cpu() -> bool:
     """True with the CPU build of vLLM (no accelerator bundles, mp executor only)."""
-    from vllm.platforms import current_platform
+    from vllm_idlm.seam.vllm import current_platform
 
     return current_platform.is_cpu()
 
