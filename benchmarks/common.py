@@ -117,17 +117,17 @@ def parse_method(text: str, models: Path, lora: Path | None, max_k: int) -> Meth
     name, *tags = text.split("@")
     pythonpath = next((t.removeprefix("old=") for t in tags if t.startswith("old=")), None)
     base = models / "base"
-    isd_model = base if lora else models / "idlm"
+    isd_model = base if lora else models / "idlm"  # plain and ngram decode the same model
     isd = {"method": "idlm", "num_speculative_tokens": max_k}
     if lora:
         isd["draft_lora"] = str(lora)
     if name == "plain":
-        return Method(text, base)
+        return Method(text, isd_model)
     if name in ("ngram", "suffix"):
         spec = {"method": name, "num_speculative_tokens": 3}
         if name == "ngram":
             spec.update(prompt_lookup_max=4, prompt_lookup_min=2)
-        return Method(text, base, spec)
+        return Method(text, isd_model, spec)
     if name == "isd":
         return Method(text, isd_model, isd, pythonpath)
     if name == "mask":

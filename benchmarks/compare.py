@@ -65,13 +65,26 @@ def row(name: str, t: float, c: int, tally, plain) -> dict:
         )
         if t == 0:
             out["equals_plain"] = tally.outputs == plain.outputs
-    if m is not None and m.num_rounds:
-        out["accept_per_pos"] = " ".join(f"{a:.2f}" for a in m.acceptance_per_position)
+    if m is not None and m.num_rounds and m.drafted_per_position:
+        pairs = zip(m.acceptance_rate_per_position, m.drafted_per_position, strict=True)
+        rates = [r for r, d in pairs if d]
+        out["accept_per_pos"] = " ".join(f"{a:.2f}" for a in rates)
         out["lookup_drafts"] = m.lookup_draft_tokens
         out["lookup_accept"] = round(m.lookup_acceptance, 3)
         out["mask_drafts"] = m.mask_draft_tokens
         out["mask_accept"] = round(m.mask_acceptance, 3)
     return out
+
+
+def policy_line(name: str, before: dict | None, after: dict | None) -> str | None:
+    """What a stride policy chose over a point (request-steps by stride) and its step times'
+    corrections (real minus measured, per band of batch sizes and stride), from idlm_state."""
+    if not after or "step_times" not in after:
+        return None
+    old = (before or {}).get("strides_chosen", {})
+    chosen = {k: n - old.get(k, 0) for k, n in after["strides_chosen"].items() if n - old.get(k, 0)}
+    offsets = {k: round(v, 2) for k, v in after["step_times"]["offsets_ms"].items()}
+    return f"  {name}: strides {chosen}, probes {after['probes']}, offsets (ms) {offsets}"
 
 
 def print_point(rows: list[dict]) -> None:
@@ -127,8 +140,10 @@ def main() -> None:
     table = []
     try:
         for method in methods:
-            engines[method.name] = Engine(method, max(args.c))
-            print(f"  {method.name}: up", file=sys.stderr, flush=True)
+            engine = engines[method.name] = Engine(method, max(args.c))
+            state = engine.state or {}
+            policy = sorted(k for k in ("step_times", "step_cost") if k in state)  # new / old
+            print(f"  {method.name}: up {policy}", file=sys.stderr, flush=True)
         for t in args.temperature:
 
             def params_for(i: int, t=t):
@@ -140,7 +155,12 @@ def main() -> None:
             interleave(engines, warm, 2)  # first-request compilation, untimed
             for c in args.c:
                 size = args.prompts or max(8, 4 * c)
+                states = {name: engine.state for name, engine in engines.items()}
                 tallies = interleave(engines, rounds_of(prompts, params_for, size, args.rounds), c)
+                for name, engine in engines.items():
+                    line = policy_line(name, states[name], engine.state)
+                    if line:
+                        print(line, flush=True)
                 plain = tallies.get("plain")
                 rows = [row(name, t, c, tally, plain) for name, tally in tallies.items()]
                 print_point(rows)

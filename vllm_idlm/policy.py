@@ -3,8 +3,8 @@
 vLLM-free. In one paragraph: each step the batch takes the stride K (0 is plain decoding, or
 one of the strides the checkpoint was trained for) that maximises the expected tokens per
 second, sum_i tokens_i(K) / t(B, K), where t(B, K) is what a step of B requests at stride K
-costs (`StepTimes`: timed on dummy steps at engine start, or pinned by the user; the cells the
-engine runs are corrected by the real steps' times) and tokens_i(K) follows request i's
+costs (`StepTimes`: timed on dummy steps at engine start, or pinned by the user, plus what the
+engine spends around a step, learnt from the real steps of each band of batch sizes) and tokens_i(K) follows request i's
 acceptance per position (`tokens_per_forward`; moving averages of its verdicts, started from
 the engine-wide ones). A new K is taken only when it is expected to beat the current one by
 `margin`, and not before the current one was held `min_dwell` steps. Positions beyond K get no
@@ -39,7 +39,7 @@ class PolicyConfig:
 
     strides: tuple[int, ...]
     margin: float = 0.1
-    min_dwell: int = 16
+    min_dwell: int = 8
     probe_every: int = 32  # 0: never probe
     step_ms: float | None = None  # pinned cost: step_ms + row_ms per query row
     row_ms: float | None = None
@@ -91,19 +91,21 @@ class StepTimes:
 
     `table` holds the times measured at start (dummy steps: one row per request at k = 0,
     1 + 2k rows at stride k; `vllm_idlm.engine.calibration`) at each of `sizes`, interpolated
-    linearly between them and extended along the last two beyond. Real steps cost more than
-    dummy ones (scheduling, the speculative metadata, shipping outputs), by a factor kept per
-    cell (band of batch sizes, k) as the mean of the real steps' time over the table's; a cell
-    the engine has not run takes the factor of the nearest band that ran that k, or none: a k
-    priced too low that way is tried, timed and corrected, one priced too high is not tried
-    and stays wrong, so an unknown cell is never priced above the table. Pinned: a line,
-    never corrected."""
+    linearly between them and extended along the last two beyond. A real step costs what its
+    forward costs plus what the engine spends around it (scheduling, the speculative
+    metadata, applying verdicts, shipping outputs: milliseconds per step for every stride
+    alike, and more on the speculative path), which no dummy step shows: each cell (band of
+    batch sizes, k) the engine runs keeps the mean of its real steps' time over the table's.
+    A cell it has not run takes the least such offset of its band (none: 0), so an unknown
+    cell is priced no dearer than the cells run beside it: a k priced too low that way is
+    tried, timed and corrected, one priced too high would never be tried and stay wrong.
+    Pinned: a line, never corrected."""
 
     choices: tuple[int, ...]
     sizes: list[int]
     table: list[list[float]]  # [size][choice] seconds
     pinned: bool = False
-    factors: dict[tuple[int, int], float] = field(default_factory=dict)
+    offsets: dict[tuple[int, int], float] = field(default_factory=dict)
 
     @classmethod
     def linear(cls, choices: Sequence[int], step_s: float, row_s: float) -> StepTimes:
@@ -123,22 +125,25 @@ class StepTimes:
         t0, t1 = table[i - 1][j], table[i][j]
         return max(t0 + (t1 - t0) * (batch - b0) / (b1 - b0), 1e-9)
 
-    def factor(self, batch: int, k: int) -> float:
+    def offset(self, batch: int, k: int) -> float:
         band = band_of(batch)
-        known = [(abs(b - band), f) for (b, kk), f in self.factors.items() if kk == k]
-        return min(known)[1] if known else 1.0
+        own = self.offsets.get((band, k))
+        if own is not None:
+            return own
+        beside = [v for (b, _), v in self.offsets.items() if b == band]
+        return min(beside, default=0.0)
 
     def __call__(self, batch: int, k: int) -> float:
-        return self.start(batch, k) * self.factor(batch, k)
+        return max(self.start(batch, k) + self.offset(batch, k), 1e-9)
 
     def observe(self, batch: int, k: int, seconds: float) -> None:
         """One real decode step of `batch` requests at stride k took `seconds`."""
         if self.pinned or k not in self.choices:
             return
         key = (band_of(batch), k)
-        ratio = seconds / self.start(batch, k)
-        old = self.factors.get(key)
-        self.factors[key] = ratio if old is None else old + CELL_EMA * (ratio - old)
+        extra = seconds - self.start(batch, k)
+        old = self.offsets.get(key)
+        self.offsets[key] = extra if old is None else old + CELL_EMA * (extra - old)
 
 
 @dataclass

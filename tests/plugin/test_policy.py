@@ -32,19 +32,24 @@ def test_pinned_step_times_are_a_line_in_query_rows_and_never_corrected():
     assert times(4, 1) == pytest.approx(0.010 + 4 * 3 * 0.001)
 
 
-def test_measured_step_times_interpolate_and_real_steps_correct_their_cell_and_neighbours():
-    """Table at 1 and 8 requests; a real step at 4 requests and k = 1 twice the table's time
-    sets that cell's factor to 2, which the nearest band that has none for k = 1 borrows; k = 0
-    has no real step anywhere and keeps the table's time."""
+def test_measured_step_times_interpolate_and_real_steps_add_what_the_engine_spends_around_them():
+    """Table at 1 and 8 requests. A real step at 4 requests and k = 1 took 5 ms more than the
+    table says: that cell costs 5 ms more, and so does k = 0 of the same band, not run yet (the
+    least offset beside it); another band has none. k = 0 then run at 2 ms over the table
+    keeps its own, and k = 1 its own."""
     times = StepTimes((0, 1), [1, 8], [[0.010, 0.012], [0.017, 0.040]])
-    assert times(4, 0) == pytest.approx(0.010 + 3 / 7 * 0.007)
+    plain_at_4 = 0.010 + 3 / 7 * 0.007
+    assert times(4, 0) == pytest.approx(plain_at_4)
     at_4 = times(4, 1)
-    times.observe(4, 1, 2 * at_4)
-    assert times(4, 1) == pytest.approx(2 * at_4)
-    assert times(8, 1) == pytest.approx(2 * 0.040)  # borrowed from the nearest band
-    assert times(4, 0) == pytest.approx(0.010 + 3 / 7 * 0.007)  # no real k = 0 step yet
-    times.observe(4, 1, at_4)  # a moving average: one step moves it a tenth of the way
-    assert times(4, 1) == pytest.approx(1.9 * at_4)
+    times.observe(4, 1, at_4 + 0.005)
+    assert times(4, 1) == pytest.approx(at_4 + 0.005)
+    assert times(4, 0) == pytest.approx(plain_at_4 + 0.005)
+    assert times(8, 1) == pytest.approx(0.040)  # another band: nothing learnt there
+    times.observe(4, 0, plain_at_4 + 0.002)
+    assert times(4, 0) == pytest.approx(plain_at_4 + 0.002)
+    assert times(4, 1) == pytest.approx(at_4 + 0.005)
+    times.observe(4, 1, at_4 + 0.015)  # a moving average: one step moves it a tenth of the way
+    assert times(4, 1) == pytest.approx(at_4 + 0.006)
     assert band_of(4) != band_of(8) and band_of(5) == band_of(6)
 
 

@@ -86,24 +86,27 @@ def batch_tokens(*texts: list[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_a_cold_start_takes_the_lookups_continuation_where_the_text_repeats():
-    """a: "1 2 3 4 5 ... 1 2" repeats: after a rejection (no MASK drafts) its lookup proposes
-    "3 4 5", point masses recorded as such; b's text does not repeat: a plain cold start."""
+    """a: "1 2 3 4 5 6 1 2" repeats: after a rejection (no MASK drafts) its lookup proposes
+    the continuation "3 4 5" and, within the stride's 2K = 6 slots, "6 1" in place of two MASK
+    slots, point masses recorded as such; b's text does not repeat: a plain cold start."""
     p = proposer(lookup=(2, 4), req_ids="ab")
     lengths, ids = batch_tokens([1, 2, 3, 4, 5, 6, 1, 2], [9, 8, 7, 6, 5])
     out = p.propose([[2], [5]], lengths, ids)
-    assert out == [[3, 4, 5, MASK, MASK, MASK], [MASK, MASK, MASK]]
-    assert p.state.proposed["a"] == Proposal((3, 4, 5), 3, None)
+    assert out == [[3, 4, 5, 6, 1, MASK], [MASK, MASK, MASK]]
+    assert p.state.proposed["a"] == Proposal((3, 4, 5, 6, 1), 5, None)
     assert "b" not in p.state.proposed
 
 
-def test_a_lookup_takes_the_slots_of_the_mask_drafts_past_k_at_a_shorter_stride():
-    """K = 3 (6 slots), the step's stride 1: the lookup may fill 2K - 1 = 5 slots before the one
-    MASK slot, the repeated text's whole continuation."""
+def test_a_lookup_stays_within_the_strides_slots():
+    """K = 3, the step's stride 1 (2 slots: the 3 query rows the policy priced): the lookup
+    proposes one token and one MASK slot follows; at stride 2, three tokens and one MASK."""
     p = proposer(lookup=(2, 4), req_ids="a")
-    p.state.policy.fixed = 1
     lengths, ids = batch_tokens([1, 2, 3, 4, 5, 6, 7, 8, 1, 2])
-    assert p.propose([[2]], lengths, ids) == [[3, 4, 5, 6, 7, MASK]]
-    assert p.state.proposed["a"].num_lookup == 5
+    p.state.policy.fixed = 1
+    assert p.propose([[2]], lengths, ids) == [[3, MASK]]
+    p.state.policy.fixed = 2
+    assert p.propose([[2]], lengths, ids) == [[3, 4, 5, MASK]]
+    assert p.state.proposed["a"].num_lookup == 3
 
 
 def test_where_the_lookup_leads_the_mask_rows_drafts_follow_it():
@@ -118,17 +121,17 @@ def test_where_the_lookup_leads_the_mask_rows_drafts_follow_it():
     for _ in range(3):
         p.state.policy.score_sources("a", lookup_first=3, mask_first=7, emitted=3)
     p.state.pending = {"a": ([7, 8, 9], probs)}
-    assert p.propose([[2]], lengths, ids)[0] == [3, 0, 1, MASK, MASK, MASK]  # lookup: 3 tokens
-    lengths, ids = batch_tokens([5, 1, 2, 3, 9, 1, 2])  # now only "3" follows "1 2" ... "9"
+    assert p.propose([[2]], lengths, ids)[0] == [3, 0, 1, 2, MASK, MASK]  # the lookup's 4
+    lengths, ids = batch_tokens([5, 1, 2, 3, 9, 1, 2])  # "3 9 1 2" follows "1 2"
     p.state.pending = {"a": ([7, 8, 9], probs)}
-    assert p.propose([[2]], lengths, ids)[0] == [3, 9, 1, MASK, MASK, MASK]
+    assert p.propose([[2]], lengths, ids)[0] == [3, 9, 1, 2, MASK, MASK]
     lengths, ids = batch_tokens([1, 2, 3])
     p.state.pending = {"a": ([7, 8, 9], probs)}
     assert p.propose([[2]], lengths, ids)[0] == [7, 8, 9, MASK, MASK, MASK]  # nothing matched
     lengths, ids = batch_tokens([1, 2, 3, 1, 2])
     p.lookup.max_model_len = 6  # one token left before max_model_len: a lookup of one
     p.state.pending = {"a": ([7, 8, 9], probs)}
-    assert p.propose([[2]], lengths, ids)[0] == [3, 8, 9, MASK, MASK, MASK]
+    assert p.propose([[2]], lengths, ids)[0] == [3, 8, 9, MASK, MASK, MASK]  # then MASK drafts
     proposal = p.state.proposed["a"]
     assert proposal.num_lookup == 1 and torch.equal(proposal.probs, probs[1:])
 
@@ -172,7 +175,7 @@ def test_structured_output_requests_never_draft():
     p = proposer(params=kinds, lookup=(1, 2))
     lengths, ids = batch_tokens([1, 1, 1, 1], [1, 1, 1, 1])
     structured, free = p.propose([[1], [1]], lengths, ids)
-    assert structured == [] and free[0] == 1 and free[-3:] == [MASK] * 3  # b: lookup drafts
+    assert structured == [] and free[0] == 1 and free[-1] == MASK  # b: lookup drafts
 
 
 def test_the_engine_fetches_no_drafts_that_came_with_the_output():

@@ -2,13 +2,14 @@
 
 It runs no model: the MASK rows of the step just verified already made their drafts (see
 `engine.sampler`). Per request at stride k (K, or the stride policy's choice for this step) it
-submits `[d_0 .. d_{n-1}, MASK x k]`: the drafts are the MASK rows' (all of them, n <= K, also
-past k: a probe's extra draft, or those in hand when the stride drops, cost only their rows),
-or a lookup's in the request's own text (`engine.lookup`; up to 2K - k tokens, the slots the
-MASK-row drafts would take and more) followed by the MASK rows' drafts for the positions after
-it, where the policy prefers the lookup, or the lookup's alone after a rejection, where the
-MASK rows have nothing (a cold start is then `[MASK x k]`). At k = 0 the request decodes
-plainly: no lookup, no MASK slot.
+submits `[d_0 .. d_{n-1}, MASK x m]`: the drafts are the MASK rows' (all of them, n <= K, also
+past k: a probe's extra draft, or those in hand when the stride drops, cost only their rows)
+and m = k MASK slots; or a lookup's in the request's own text (`engine.lookup`) followed by the
+MASK rows' drafts for the positions after it, where the policy prefers the lookup, or the
+lookup's alone after a rejection, where the MASK rows have nothing (a cold start is then
+`[MASK x k]`). A lookup stays within the 2k slots (the 1 + 2k query rows the policy priced):
+its continuation may run to 2k - 1 tokens, taking the places of MASK slots (m = min(k, 2k - n)).
+At k = 0 the request decodes plainly: no lookup, no MASK slot.
 """
 
 from __future__ import annotations
@@ -106,10 +107,8 @@ class IsdProposer:
                 continue
             lookup = []
             if self.lookup is not None and k and token_ids_cpu is not None:
-                # Up to the slots the MASK-row drafts would take and one MASK slot less
-                # (2K - k: the step keeps its k MASK slots), past K where the text repeats.
-                room = 2 * self.options.num_drafts - k
-                lookup = self.lookup.propose(token_ids_cpu[i, : num_tokens_no_spec[i]], room)
+                tokens = token_ids_cpu[i, : num_tokens_no_spec[i]]
+                lookup = self.lookup.propose(tokens, 2 * k - 1)
                 state.offered[req_id] = (lookup[0] if lookup else None, made[0] if made else None)
             if lookup and made and not policy.prefers_lookup(req_id):
                 lookup = []
@@ -118,10 +117,14 @@ class IsdProposer:
             # The MASK rows' drafts for the positions after the lookup's (their q~ was formed
             # without the lookup's tokens: any q~ the draft was drawn from verifies exactly).
             drafts = lookup + made[len(lookup) :]
+            masks = k
+            if lookup:  # within the stride's 2k slots: a long lookup takes MASK slots' places
+                drafts = drafts[: 2 * k - 1]
+                masks = min(k, 2 * k - len(drafts))
             if drafts:
-                rest = probs[len(lookup) :] if probs is not None else None
+                rest = probs[len(lookup) : len(drafts)] if probs is not None else None
                 state.proposed[req_id] = Proposal(tuple(drafts), len(lookup), rest)
-            proposals.append(self._slots(drafts, k))
+            proposals.append(self._slots(drafts, masks))
         return proposals
 
     def _slots(self, drafts: list[int], k: int) -> list[int]:

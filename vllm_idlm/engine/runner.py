@@ -192,7 +192,7 @@ def idlm_state(wrapper) -> dict | None:
             "strides": list(times.choices),
             "table_ms": [[t * 1e3 for t in row] for row in times.table],
             "pinned": times.pinned,
-            "factors": {f"{b},{k}": f for (b, k), f in sorted(times.factors.items())},
+            "offsets_ms": {f"{b},{k}": v * 1e3 for (b, k), v in sorted(times.offsets.items())},
         }
         out["calibration_s"] = view.calibration_s
         out["engine_acceptance"] = list(policy.engine)
