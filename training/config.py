@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from vllm_idlm.formats.adapter import TARGET_MODULES
+from vllm_idlm.formats.checkpoint import FORMAT_VERSION
+
 CONFIG_DIR = Path(__file__).parent / "configs"
-FORMAT_VERSION = 1
 # head_dim values vLLM's CPU attention backend supports.
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
@@ -240,22 +242,13 @@ class LoraConfig:
 
     r: int = 32
     alpha: float = 64.0
-    target_modules: tuple[str, ...] = (
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    )
+    target_modules: tuple[str, ...] = TARGET_MODULES
     train_mask_embedding: bool = True
 
     def __post_init__(self) -> None:
-        allowed = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
         _require(self.r > 0, f"r={self.r} must be positive")
-        bad = sorted(set(self.target_modules) - allowed)
-        _require(not bad, f"target_modules {bad} are not among {sorted(allowed)}")
+        bad = sorted(set(self.target_modules) - set(TARGET_MODULES))
+        _require(not bad, f"target_modules {bad} are not among {sorted(TARGET_MODULES)}")
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,12 @@ from typing import Any
 
 import torch
 
+from vllm_idlm.formats.checkpoint import checkpoint_facts
+
 from .block_mask import dense_mask
 from .config import load_recipe
 from .corpus import Document, load_corpus
-from .export import load_gated_lora, read_idlm_facts
+from .export import load_gated_lora
 from .isd_reference import DecodeStats, greedy_generate, isd_generate
 from .modeling import hidden_states, load_base, trunk_and_head
 from .objective import build_idlm_batch, idlm_loss
@@ -30,7 +32,7 @@ def load_for_eval(model_dir: Path, lora_dir: Path | None):
         adapter = load_gated_lora(model, lora_dir)
         mask_id = adapter.gate.mask_token_id
     else:
-        mask_id = int(read_idlm_facts(model_dir)["mask_token_id"])
+        mask_id = checkpoint_facts(model_dir).mask_token_id
     model.eval()
     return model, tokenizer, mask_id
 

@@ -4,6 +4,9 @@ Base first, then the delta on gated rows: gather the MASK rows of x, apply A the
 back into those rows of the base output. With no MASK row in the batch the layer returns the
 base output tensor itself, so it is `torch.equal` to the base layer by construction.
 The gate is set once per forward by a hook on the input embedding that sees the token ids.
+Serving's layer is `vllm_idlm.gated_lora.PackedGatedLinear` (over vLLM's packed projections);
+both add the delta with `idlm_kernels.ops`, and the adapter's files are
+`vllm_idlm.formats.adapter`'s.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ def gated_lora_delta(
 
 
 @dataclass
-class Gate:
+class MaskGate:
     """Flat row indices (into batch*seq) of the MASK rows of the current forward; None = closed."""
 
     mask_token_id: int
@@ -54,7 +57,7 @@ class Gate:
 class GatedLoraLinear(nn.Module):
     """A frozen nn.Linear plus a LoRA (lora_A: in->r, lora_B: r->out) applied on gated rows only."""
 
-    def __init__(self, base: nn.Linear, r: int, alpha: float, gate: Gate) -> None:
+    def __init__(self, base: nn.Linear, r: int, alpha: float, gate: MaskGate) -> None:
         super().__init__()
         self.base = base
         self.lora_A = nn.Linear(
@@ -85,10 +88,10 @@ class GatedLoraLinear(nn.Module):
 
 
 @dataclass
-class GatedAdapter:
+class AttachedAdapter:
     """What `attach_gated_lora` added to a model: the gate, the wrapped layers, the MASK row."""
 
-    gate: Gate
+    gate: MaskGate
     cfg: LoraConfig
     layers: dict[str, GatedLoraLinear] = field(default_factory=dict)
     mask_embedding: nn.Parameter | None = None
@@ -98,11 +101,11 @@ class GatedAdapter:
         return params + ([self.mask_embedding] if self.mask_embedding is not None else [])
 
 
-def attach_gated_lora(model, cfg: LoraConfig, mask_token_id: int) -> GatedAdapter:
+def attach_gated_lora(model, cfg: LoraConfig, mask_token_id: int) -> AttachedAdapter:
     """Freeze `model`, wrap its target linears with gated LoRA, hook the gate (and MASK row)."""
     for p in model.parameters():
         p.requires_grad_(False)
-    adapter = GatedAdapter(Gate(mask_token_id), cfg)
+    adapter = AttachedAdapter(MaskGate(mask_token_id), cfg)
     trunk = model.model
     for name, module in list(trunk.named_modules()):
         for child_name, child in list(module.named_children()):
@@ -122,14 +125,14 @@ def attach_gated_lora(model, cfg: LoraConfig, mask_token_id: int) -> GatedAdapte
     return adapter
 
 
-def _gate_hook(gate: Gate):
+def _gate_hook(gate: MaskGate):
     def hook(module, args):
         gate.set_from_ids(args[0])
 
     return hook
 
 
-def _mask_row_hook(adapter: GatedAdapter):
+def _mask_row_hook(adapter: AttachedAdapter):
     """Replace the embedding of gated rows by the trainable MASK row (clean rows untouched)."""
 
     def hook(module, args, output):

@@ -2,12 +2,12 @@
 
 vLLM-free. The plugin translates these options into vLLM's own speculative config
 (`custom_class` with 2K draft slots: K real drafts followed by K MASK slots) and carries
-them to the workers in `additional_config["idlm"]`.
+them to the workers in `additional_config["idlm"]`. What a checkpoint or an adapter records
+(the MASK id, the strides N it was trained for) is read by `vllm_idlm.formats`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -16,25 +16,6 @@ from vllm_idlm.policy import PolicyConfig
 
 METHOD = "idlm"
 ADDITIONAL_CONFIG_KEY = "idlm"
-MASK_TOKEN = "<|mask|>"
-# model_type of a checkpoint -> the plugin's architecture that serves it as an I-DLM.
-ARCHITECTURES = {
-    "qwen3": "IdlmForCausalLM",
-    "sdar": "IdlmForCausalLM",  # the published I-DLM layout (Qwen3 weights)
-    "llama": "IdlmLlamaForCausalLM",
-}
-
-
-def architecture_for(model_type: str | None) -> str:
-    """The architecture name that serves a checkpoint of `model_type` as an I-DLM."""
-    if model_type not in ARCHITECTURES:
-        raise ValueError(
-            f"idlm: model_type {model_type!r} cannot be served as an I-DLM; "
-            f"supported: {sorted(ARCHITECTURES)}"
-        )
-    return ARCHITECTURES[model_type]
-
-
 # Keys of vLLM's own speculative config that keep their meaning under ISD.
 _PASSTHROUGH_KEYS = frozenset({"disable_by_batch_size", "max_model_len"})
 _ISD_KEYS = frozenset(
@@ -217,68 +198,3 @@ class IsdOptions:
         data["mask_token_id"] = int(mask_token_id)
         data["strides"] = tuple(ks or range(1, self.num_drafts + 1))
         return IsdOptions.from_dict(data)
-
-
-@dataclass(frozen=True)
-class CheckpointFacts:
-    """The I-DLM facts a checkpoint (or a gated adapter) carries."""
-
-    mask_token_id: int
-    strides: tuple[int, ...]
-    source: str
-
-    def check_num_drafts(self, num_drafts: int) -> str | None:
-        """A warning when K + 1 is not among the strides the checkpoint was trained for."""
-        if self.strides and num_drafts + 1 not in self.strides:
-            return (
-                f"idlm: num_speculative_tokens={num_drafts} means stride N={num_drafts + 1}, "
-                f"but {self.source} was trained for strides {list(self.strides)}; "
-                "acceptance will likely be low"
-            )
-        return None
-
-
-def read_checkpoint_facts(hf_config: Any, source: str) -> CheckpointFacts:
-    """Read the MASK id and trained strides from an HF config object or dict.
-
-    Accepts our checkpoints (`mask_token_id`, `idlm.strides`) and the published layout
-    (`mask_token_id`, `block_size` = N - 1).
-    """
-    get = (
-        hf_config.get if isinstance(hf_config, dict) else lambda k, d=None: getattr(hf_config, k, d)
-    )
-    idlm = get("idlm") or {}
-    mask_token_id = get("mask_token_id", None)
-    if mask_token_id is None:
-        mask_token_id = idlm.get("mask_token_id")
-    if mask_token_id is None:
-        raise ValueError(
-            f"idlm: {source} is not an I-DLM checkpoint: its config has no mask_token_id "
-            "(convert it with `idlm-train convert`, or serve a base model with a gated "
-            "adapter via draft_lora)"
-        )
-    # A checkpoint's config nests them under "idlm"; an adapter's idlm_gate.json is flat.
-    strides = tuple(idlm.get("strides") or get("strides", None) or ())
-    if not strides and get("block_size", None):
-        strides = (int(get("block_size")) + 1,)
-    return CheckpointFacts(int(mask_token_id), strides, source)
-
-
-def read_adapter_facts(adapter_dir: str, tokenizer: Any = None) -> CheckpointFacts:
-    """The MASK id and strides recorded by `idlm-train lora` (idlm_gate.json); for a
-    published PEFT adapter without it, the id of `<|mask|>` in the base tokenizer."""
-    gate_path = os.path.join(adapter_dir, "idlm_gate.json")
-    if os.path.exists(gate_path):
-        with open(gate_path) as f:
-            return read_checkpoint_facts(json.load(f), gate_path)
-    mask_token_id = None
-    if tokenizer is not None:
-        mask_token_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-        if mask_token_id == getattr(tokenizer, "unk_token_id", None):
-            mask_token_id = None
-    if mask_token_id is None:
-        raise ValueError(
-            f"idlm: draft_lora {adapter_dir} has no idlm_gate.json and the base tokenizer has "
-            f"no {MASK_TOKEN} token: the MASK id is unknown"
-        )
-    return CheckpointFacts(int(mask_token_id), (), adapter_dir)

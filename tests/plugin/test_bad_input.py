@@ -109,7 +109,7 @@ def test_lossless_mode_refuses_parallel_engines_before_starting(demo_models, llm
 
 
 def test_a_stride_the_checkpoint_was_not_trained_for_warns(demo_models, tmp_path):
-    from vllm_idlm.config import read_checkpoint_facts
+    from vllm_idlm.formats.checkpoint import read_checkpoint_facts
 
     config = json.loads((demo_models["idlm"] / "config.json").read_text())
     facts = read_checkpoint_facts(config, "demo")
@@ -120,7 +120,8 @@ def test_a_stride_the_checkpoint_was_not_trained_for_warns(demo_models, tmp_path
 def test_an_adapter_gives_every_stride_it_was_trained_for(demo_models):
     """idlm_gate.json records strides [2, 3, 4] (and block_size 3): every one of them, not
     only the block size's, is a K the adaptive policy may choose in lossless mode."""
-    from vllm_idlm.config import IsdOptions, read_adapter_facts
+    from vllm_idlm.config import IsdOptions
+    from vllm_idlm.formats.adapter import read_adapter_facts
 
     facts = read_adapter_facts(str(demo_models["lora"]))
     assert facts.strides == (2, 3, 4)

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from vllm_idlm.gated_lora import GatedLinear, GateState, check_adapter, load_adapter
+from vllm_idlm.formats.adapter import check_fits, read_adapter
+from vllm_idlm.gated_lora import GateRows, PackedGatedLinear
 
 
 class TupleLinear(nn.Linear):
@@ -25,8 +26,8 @@ def make_layer(sizes=(24, 8, 8), rank=4, targeted=(True, False, True), seed=0):
         (torch.randn(rank, 16, generator=gen), torch.randn(s, rank, generator=gen)) if t else None
         for s, t in zip(sizes, targeted, strict=True)
     ]
-    gate = GateState()
-    return base, GatedLinear(base, slices, list(sizes), 0.5, gate), slices, gate
+    gate = GateRows()
+    return base, PackedGatedLinear(base, slices, list(sizes), 0.5, gate), slices, gate
 
 
 def test_gate_closed_output_is_bit_identical_to_the_base_layer():
@@ -112,15 +113,15 @@ def base_config():
 
 
 def test_a_fitting_adapter_is_accepted_with_its_peft_scale(tmp_path, base_config):
-    adapter = load_adapter(write_adapter(tmp_path / "ok"))
-    check_adapter(adapter, base_config)
+    adapter = read_adapter(write_adapter(tmp_path / "ok"))
+    check_fits(adapter, base_config)
     assert adapter.scale == 2.0 and adapter.rank == 4
 
 
 def test_an_adapter_with_wrong_shapes_is_refused_naming_the_layer(tmp_path, base_config):
-    adapter = load_adapter(write_adapter(tmp_path / "bad", bad="down_proj"))
+    adapter = read_adapter(write_adapter(tmp_path / "bad", bad="down_proj"))
     with pytest.raises(ValueError, match=r"layer 0 down_proj has lora_A \(4, 33\)"):
-        check_adapter(adapter, base_config)
+        check_fits(adapter, base_config)
 
 
 def test_an_adapter_targeting_unsupported_modules_is_refused(tmp_path):
@@ -129,4 +130,4 @@ def test_an_adapter_targeting_unsupported_modules_is_refused(tmp_path):
     config["target_modules"] = ["q_proj", "lm_head"]
     (path / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"targets \['lm_head'\]"):
-        load_adapter(path)
+        read_adapter(path)

@@ -121,7 +121,7 @@ def test_torchrun_result_is_an_idlm_that_decodes_exactly(torchrun_model, heldout
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from vllm_idlm.config import read_checkpoint_facts
+    from vllm_idlm.formats.checkpoint import read_checkpoint_facts
 
     config = json.loads((torchrun_model / "config.json").read_text())
     facts = read_checkpoint_facts(config, str(torchrun_model))

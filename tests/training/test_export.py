@@ -11,7 +11,7 @@ from idlm_training.config import LoraConfig
 from idlm_training.export import load_gated_lora, save_gated_lora, save_idlm_checkpoint
 from idlm_training.gated_lora import attach_gated_lora
 from idlm_training.tokenizer import MASK_TOKEN
-from vllm_idlm.config import architecture_for
+from vllm_idlm.formats.checkpoint import architecture_for
 
 
 def test_idlm_checkpoint_round_trip(tmp_path, tiny_model, tiny_tokenizer, mask_id):
@@ -71,3 +71,27 @@ def test_gated_lora_round_trip_and_peft_format(tmp_path, tiny_base_dir, mask_id)
     assert torch.equal(
         q.lora_A["default"].weight, adapter.layers["model.layers.0.self_attn.q_proj"].lora_A.weight
     )
+
+
+def test_the_adapter_training_writes_is_what_serving_reads(tmp_path, tiny_base_dir, mask_id):
+    """One format: serving's reader (the one `draft_lora` goes through) finds every attached
+    layer's weights, the scale, the MASK row and the gate's facts of what training wrote."""
+    from transformers import AutoConfig
+
+    from vllm_idlm.formats.adapter import check_fits, read_adapter, read_adapter_facts
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_base_dir).eval()
+    adapter = attach_gated_lora(model, LoraConfig(r=4, alpha=8.0), mask_id)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.normal_()
+    out = save_gated_lora(adapter, tmp_path / "lora", str(tiny_base_dir), (2, 3), {"name": "t"})
+    files = read_adapter(out)
+    check_fits(files, AutoConfig.from_pretrained(tiny_base_dir))
+    assert files.scale == 2.0 and len(files.weights) == len(adapter.layers)
+    layer = adapter.layers["model.layers.1.mlp.down_proj"]
+    assert torch.equal(files.weights[1, "down_proj"][0], layer.lora_A.weight.float())
+    assert torch.equal(files.weights[1, "down_proj"][1], layer.lora_B.weight.float())
+    assert torch.equal(files.mask_embedding, adapter.mask_embedding.detach().float())
+    facts = read_adapter_facts(out)
+    assert facts.mask_token_id == mask_id and facts.strides == (2, 3)

@@ -1,4 +1,5 @@
-"""Training never imports vLLM: every module imports with `vllm` blocked."""
+"""Training never imports vLLM: every module, and the formats it shares with serving, import
+with `vllm` blocked."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ def test_training_imports_without_vllm():
         "import idlm_training\n"
         "for m in pkgutil.iter_modules(idlm_training.__path__):\n"
         "    importlib.import_module('idlm_training.' + m.name)\n"
+        "import vllm_idlm.formats.adapter, vllm_idlm.formats.checkpoint\n"
         "assert sys.modules['vllm'] is None\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -13,15 +13,9 @@ import json
 import logging
 from typing import Any
 
-from vllm_idlm.config import (
-    ADDITIONAL_CONFIG_KEY,
-    ARCHITECTURES,
-    METHOD,
-    IsdOptions,
-    architecture_for,
-    read_adapter_facts,
-    read_checkpoint_facts,
-)
+from vllm_idlm.config import ADDITIONAL_CONFIG_KEY, METHOD, IsdOptions
+from vllm_idlm.formats.adapter import check_fits, read_adapter, read_adapter_facts
+from vllm_idlm.formats.checkpoint import ARCHITECTURES, architecture_for, read_checkpoint_facts
 from vllm_idlm.seam.vllm import MAX_SPEC_LEN
 
 logger = logging.getLogger("vllm_idlm")
@@ -112,8 +106,6 @@ def resolve(vllm_config, options: IsdOptions) -> None:
     if options.draft_lora:
         from transformers import AutoTokenizer
 
-        from vllm_idlm.gated_lora import check_adapter, load_adapter
-
         parallel = vllm_config.parallel_config
         if parallel.tensor_parallel_size > 1 or parallel.pipeline_parallel_size > 1:
             # The gated layers hold whole (unsharded) adapter matrices and walk every decoder
@@ -126,7 +118,7 @@ def resolve(vllm_config, options: IsdOptions) -> None:
         # The gate lives in the plugin's model classes: a base of another family would be
         # served by vLLM's own class, silently without the adapter.
         architecture_for(getattr(model_config.hf_config, "model_type", None))
-        check_adapter(load_adapter(options.draft_lora), model_config.hf_config)
+        check_fits(read_adapter(options.draft_lora), model_config.hf_config)
         tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer)
         facts = read_adapter_facts(options.draft_lora, tokenizer)
     else:

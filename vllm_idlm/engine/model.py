@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from vllm_idlm.config import ADDITIONAL_CONFIG_KEY, architecture_for
-from vllm_idlm.gated_lora import GatedLinear, GateState, check_adapter, load_adapter
+from vllm_idlm.config import ADDITIONAL_CONFIG_KEY
+from vllm_idlm.formats.adapter import check_fits, read_adapter
+from vllm_idlm.formats.checkpoint import architecture_for
+from vllm_idlm.gated_lora import GateRows, PackedGatedLinear
 from vllm_idlm.seam.vllm import LlamaForCausalLM, Qwen3ForCausalLM
 
 
@@ -37,7 +39,7 @@ class _IdlmMixin:
         self.mask_token_id = mask_token_id_of(vllm_config)
         options = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY) or {}
         self.draft_lora = options.get("draft_lora")
-        self.gate = GateState() if self.draft_lora else None
+        self.gate = GateRows() if self.draft_lora else None
 
     def forward(
         self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs
@@ -58,8 +60,8 @@ class _IdlmMixin:
         return loaded
 
     def _install_gated_adapter(self) -> None:
-        adapter = load_adapter(self.draft_lora)
-        check_adapter(adapter, self.config)
+        adapter = read_adapter(self.draft_lora)
+        check_fits(adapter, self.config)
         weight = self.model.embed_tokens.weight
         if adapter.mask_embedding is not None:
             with torch.no_grad():
@@ -85,7 +87,7 @@ class _IdlmMixin:
             for owner, name, modules, sizes in packed:
                 slices = [adapter.weights.get((i, m)) for m in modules]
                 if any(s is not None for s in slices):
-                    gated = GatedLinear(
+                    gated = PackedGatedLinear(
                         getattr(owner, name), slices, sizes, adapter.scale, self.gate
                     )
                     gated.move_(weight.device, weight.dtype)

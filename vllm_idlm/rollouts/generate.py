@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-MASK_TOKEN = "<|mask|>"
 # Additive logit bias that removes the MASK token (logit_bias is clamped to [-100, 100]).
 BANNED_BIAS = -100.0
 
