@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from .config import CorpusConfig, ModelShape, TokenizerConfig, TrainConfig
@@ -12,7 +13,7 @@ from .modeling import build_model, hidden_states, trunk_and_head
 from .objective import ar_loss
 from .packing import pack_documents
 from .tokenizer import MASK_TOKEN, train_bpe_tokenizer
-from .trainer import finish, train
+from .trainer import CheckpointHook, finish, train
 
 
 def sample_text(docs: list[Document], max_chars: int) -> list[str]:
@@ -41,6 +42,7 @@ def train_base(
     cfg: TrainConfig,
     out: Path,
     work: Path,
+    checkpoint_hooks: Sequence[CheckpointHook] = (),
 ) -> Path:
     """Train the tokenizer and the AR model; the MASK id is reserved but never seen here."""
     dist = setup()
@@ -64,7 +66,7 @@ def train_base(
         loss = ar_loss(hidden_states(model, input_ids), head, input_ids, loss_mask)
         return loss, {"loss": float(loss.detach())}
 
-    train(model, data, step_fn, cfg, work, "base", dist)
+    train(model, data, step_fn, cfg, work, "base", dist, checkpoint_hooks)
     save_base_checkpoint(model.cpu(), tokenizer, out)
     finish(work)
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from .modeling import cast_frozen_linears, load_base, set_attention
 from .packing import PackedData, pack_documents
 from .rollouts import mix_in_rollouts, mix_windows, read_rollout_file, rollout_windows
 from .tokenizer import apply_mask_plan, ensure_mask_token
-from .trainer import finish, train
+from .trainer import CheckpointHook, finish, train
 
 
 def _prepare(base_path: Path, ccfg: ConvertConfig, tcfg: TrainConfig):
@@ -91,6 +92,7 @@ def convert(
     out: Path,
     work: Path,
     recipe: dict[str, Any] | None = None,
+    checkpoint_hooks: Sequence[CheckpointHook] = (),
 ) -> Path:
     """Full fine-tune of the base with the I-DLM objective; exports an I-DLM checkpoint."""
     dist = setup()
@@ -99,7 +101,7 @@ def convert(
     model = shard(model.to(dist.device), dist, bf16=tcfg.precision == "bf16")
     set_attention(model, _attn_for(ccfg, dist.device))
     step_fn = make_idlm_step(model, ccfg, mask_id, tcfg.seq_len, tcfg.steps, dist.device)
-    train(model, data, step_fn, tcfg, work, "convert", dist)
+    train(model, data, step_fn, tcfg, work, "convert", dist, checkpoint_hooks)
     set_attention(model, "sdpa")
     full = full_state_dict(model, dist)  # collective under FSDP; None single-process
     if dist.is_main:
@@ -119,6 +121,7 @@ def train_lora(
     out: Path,
     work: Path,
     recipe: dict[str, Any] | None = None,
+    checkpoint_hooks: Sequence[CheckpointHook] = (),
 ) -> Path:
     """Gated LoRA over the frozen base, MASK-row loss only; exports PEFT files + gate metadata."""
     dist = setup()
@@ -137,7 +140,7 @@ def train_lora(
     step_fn = make_idlm_step(
         model, ccfg, mask_id, tcfg.seq_len, tcfg.steps, dist.device, alpha=0.0, clean_grad=False
     )
-    train(model, data, step_fn, tcfg, work, "lora", dist)
+    train(model, data, step_fn, tcfg, work, "lora", dist, checkpoint_hooks)
     if dist.is_main:
         model.cpu()
         recipe = {

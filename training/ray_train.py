@@ -6,7 +6,7 @@
 Ray Train's `TorchTrainer` starts one worker per rank and sets up the process group (gloo
 without GPUs, NCCL with them) and torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...)
 before our function runs, so each worker simply runs the stage's command line: the code path
-is the one `torchrun -m idlm_training.cli ...` takes (data-parallel FSDP2: the `convert` stage;
+is the one `torchrun -m idlm_training.cli ...` takes (`stages.run`, with the checkpoint hooks below passed in) (data-parallel FSDP2: the `convert` stage;
 `base` and `lora` refuse more than one process with an error, nothing would sync their
 gradients). What Ray adds here:
 
@@ -27,16 +27,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from . import stages
 
-def _stage_paths(argv: list[str]) -> tuple[Path, Path]:
-    """OUT and the work folder of a stage's command line (as the CLI resolves them)."""
-    from .cli import _parser
 
-    args = _parser().parse_args(argv)
-    if args.cmd not in ("base", "convert", "lora"):
-        raise ValueError(f"idlm-train ray runs the training stages, not {args.cmd!r}")
-    work = args.work or args.out.with_name(args.out.name + ".work")
-    return Path(args.out), Path(work)
+def _stage_args(argv: list[str]) -> argparse.Namespace:
+    """A stage's command line, parsed as the CLI parses it."""
+    if not argv or argv[0] not in stages.STAGES:
+        command = argv[0] if argv else None
+        raise ValueError(f"idlm-train ray runs the training stages, not {command!r}")
+    return stages.parser().parse_args(argv)
 
 
 def _restore(work: Path, dist_rank: int) -> int | None:
@@ -88,12 +87,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import torch.distributed as dist_mod
     from ray.train import Checkpoint
 
-    from . import trainer
-    from .cli import main
-
     context = ray.train.get_context()
     rank = context.get_world_rank()
-    out, work = _stage_paths(config["argv"])
+    args = _stage_args(config["argv"])
+    out, work = stages.paths(args)
     if config.get("threads"):
         import torch
 
@@ -107,12 +104,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     drill = int(config.get("fail_after_step") or os.environ.get(FAIL_DRILL) or 0)
     if drill and step is None:
         hooks.append(functools.partial(_fail_drill, drill))
-    trainer.CHECKPOINT_HOOKS.extend(hooks)
-    try:
-        code = main(list(config["argv"]))
-    finally:
-        for hook in hooks:
-            trainer.CHECKPOINT_HOOKS.remove(hook)
+    code = stages.run_guarded(args.cmd, lambda: stages.run(args, hooks))
     if code:
         raise RuntimeError(f"idlm-train {' '.join(config['argv'])} exited with {code}")
     final = Checkpoint.from_directory(str(out)) if rank == 0 else None
@@ -138,7 +130,7 @@ def run_on_ray(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    _stage_paths(argv)  # refuse a bad command line here, not in N workers
+    _stage_args(argv)  # refuse a bad command line here, not in N workers
     if not ray.is_initialized():
         ray.init(include_dashboard=False)
     trainer = TorchTrainer(

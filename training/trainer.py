@@ -12,7 +12,7 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -29,6 +29,8 @@ StepFn = Callable[
     [int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
     tuple[torch.Tensor, dict[str, float]],
 ]
+# hook(step, ckpt_dir, dist), after each resume checkpoint.
+CheckpointHook = Callable[[int, Path, DistInfo], None]
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -144,11 +146,6 @@ def _reshard_optimizer_state(opt) -> None:
                     )
 
 
-# Called on every rank after each resume checkpoint: hook(step, ckpt_dir, dist). Ray Train's
-# driver (ray_train.py) reports the checkpoint to Ray's storage through one.
-CHECKPOINT_HOOKS: list[Callable[[int, Path, DistInfo], None]] = []
-
-
 def _save_snapshot(folder: Path, model, step: int, seconds: float) -> None:
     """The trainable state at `step`, kept after the run (a point of a quality-vs-time curve)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -190,8 +187,11 @@ def train(
     work_dir: Path,
     desc: str,
     dist: DistInfo | None = None,
+    checkpoint_hooks: Sequence[CheckpointHook] = (),
 ) -> dict[str, float]:
-    """Run `cfg.steps` optimizer steps over `data`; resumes from `work_dir/ckpt` if present."""
+    """Run `cfg.steps` optimizer steps over `data`; resumes from `work_dir/ckpt` if present.
+    Each of `checkpoint_hooks` runs on every rank after each resume checkpoint (Ray Train's
+    worker reports the checkpoint to Ray's storage through one)."""
     dist = dist or DistInfo()
     work_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -233,7 +233,7 @@ def train(
             log.flush()
         if cfg.ckpt_every and done % cfg.ckpt_every == 0 and done < cfg.steps:
             _save_ckpt(ckpt_dir, model, opt, done, dist)
-            for hook in CHECKPOINT_HOOKS:
+            for hook in checkpoint_hooks:
                 hook(done, ckpt_dir, dist)
         if dist.is_main and cfg.snapshot_every and done % cfg.snapshot_every == 0:
             _save_snapshot(work_dir / "snapshots", model, done, seconds_before + time.time() - t0)

@@ -17,13 +17,13 @@ from idlm_training.trainer import train
 from .conftest import TEXT, TINY_SHAPE
 
 
-def _run(tok, mask_id, cfg, work):
+def _run(tok, mask_id, cfg, work, checkpoint_hooks=()):
     model = build_model(TINY_SHAPE, tok.eos_token_id, tok.pad_token_id, seed=0)
     data = pack_documents(tok, [Document(str(i), t) for i, t in enumerate(TEXT)], cfg.seq_len)
     step_fn = make_idlm_step(
         model, ConvertConfig(), mask_id, cfg.seq_len, cfg.steps, torch.device("cpu")
     )
-    train(model, data, step_fn, cfg, work, "t")
+    train(model, data, step_fn, cfg, work, "t", checkpoint_hooks=checkpoint_hooks)
     return model
 
 
@@ -49,6 +49,41 @@ def test_resume_matches_uninterrupted(tmp_path, tiny_tokenizer, mask_id):
         torch.equal(x, y)
         for x, y in zip(full.state_dict().values(), resumed.state_dict().values(), strict=True)
     )
+
+
+def test_the_checkpoint_hooks_passed_in_run_after_each_resume_checkpoint(
+    tmp_path, tiny_tokenizer, mask_id
+):
+    """Ray Train reports checkpoints through hooks handed to this run (they were a module-level
+    list that ray_train.py filled and emptied around the CLI's main)."""
+    cfg = TrainConfig(steps=5, batch_size=2, seq_len=16, warmup_steps=1, ckpt_every=2)
+    seen = []
+    _run(tiny_tokenizer, mask_id, cfg, tmp_path / "w", [lambda step, d, dist: seen.append(step)])
+    assert seen == [2, 4]
+    _run(tiny_tokenizer, mask_id, cfg, tmp_path / "other")  # another run: no hook of the first
+    assert seen == [2, 4]
+
+
+def test_the_cli_and_ray_train_do_not_import_each_other():
+    """`idlm-train ray` lives in ray_train.py, which ran the stages through cli.main (each
+    imported the other); both now go through stages.py, which imports neither."""
+    import ast
+    from pathlib import Path
+
+    import idlm_training
+
+    root = Path(idlm_training.__file__).parent
+
+    def imported(name):
+        tree = ast.parse((root / f"{name}.py").read_text())
+        return {
+            node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+        }
+
+    assert "cli" not in imported("ray_train") and "ray_train" in imported("cli")
+    assert not {"cli", "ray_train"} & imported("stages")
 
 
 def test_stride_curriculum_stages():
