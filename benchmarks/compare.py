@@ -77,14 +77,14 @@ def row(name: str, t: float, c: int, tally, plain) -> dict:
 
 
 def policy_line(name: str, before: dict | None, after: dict | None) -> str | None:
-    """What a stride policy chose over a point (request-steps by stride) and its step times'
-    corrections (real minus measured, per band of batch sizes and stride), from idlm_state."""
+    """What a stride policy chose over a point (request-steps by K) and its step times'
+    corrections (real minus measured, per band of batch sizes and K), from idlm_state."""
     if not after or "step_times" not in after:
         return None
-    old = (before or {}).get("strides_chosen", {})
-    chosen = {k: n - old.get(k, 0) for k, n in after["strides_chosen"].items() if n - old.get(k, 0)}
+    old = (before or {}).get("ks_chosen", {})
+    chosen = {k: n - old.get(k, 0) for k, n in after["ks_chosen"].items() if n - old.get(k, 0)}
     offsets = {k: round(v, 2) for k, v in after["step_times"]["offsets_ms"].items()}
-    return f"  {name}: strides {chosen}, probes {after['probes']}, offsets (ms) {offsets}"
+    return f"  {name}: K chosen {chosen}, probes {after['probes']}, offsets (ms) {offsets}"
 
 
 def print_point(rows: list[dict]) -> None:

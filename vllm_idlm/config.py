@@ -49,7 +49,7 @@ def _check_adaptive(value: Any) -> None:
         if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
             raise ValueError(f"idlm: adaptive {key} must be a number >= 0, got {v!r}")
     try:
-        PolicyConfig(strides=(1,), **value)
+        PolicyConfig(ks=(1,), **value)
     except (TypeError, ValueError) as error:
         raise ValueError(f"idlm: {error}") from None
 
@@ -86,16 +86,16 @@ class IsdOptions:
     draft_lora: path of a gated-LoRA adapter (lossless mode) or None.
     uniform_query_len: pad cold starts with extra MASK slots so that every decode step
         has the same query length (1 + 2K), which full CUDA graphs need.
-    adaptive: choose the batch's stride per step (0..K, only strides the checkpoint was
-        trained for) for the most expected tokens per second (`vllm_idlm.policy`); on by
+    adaptive: choose the batch's K per step (0..K, only K = N - 1 for the strides N the
+        checkpoint was trained for) for the most expected tokens per second (`vllm_idlm.policy`); on by
         default (None resolves to True, or to False with uniform_query_len, whose fixed query
         length it cannot keep); False keeps K fixed. An object turns it on with settings
         (`ADAPTIVE_KEYS`): `margin`, `min_dwell`, `probe_every`, and `step_ms` with `row_ms`,
-        which pin the step cost (step_ms + row_ms per query row) so that the strides follow
+        which pin the step cost (step_ms + row_ms per query row) so that the K chosen follows
         acceptance alone, not this machine's timings (what tests and reproducible runs need).
     lookup: the n-gram lengths (min, max) of the lookup draft source (`engine.lookup`), or
         None for no lookup (the user's `"lookup": false`).
-    strides: the K values the checkpoint was trained for (resolved at startup).
+    ks: the K values the checkpoint was trained for (resolved at startup from its strides N).
     mask_token_id: resolved from the checkpoint (or the adapter) at startup.
     passthrough: vLLM speculative-config keys forwarded unchanged.
     """
@@ -106,7 +106,7 @@ class IsdOptions:
     adaptive: bool | dict[str, Any] | None = None
     lookup: tuple[int, int] | None = DEFAULT_LOOKUP_NGRAM
     mask_token_id: int | None = None
-    strides: tuple[int, ...] = ()
+    ks: tuple[int, ...] = ()
     passthrough: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -123,7 +123,7 @@ class IsdOptions:
         _check_adaptive(self.adaptive)
         if self.adaptive_on and self.uniform_query_len:
             raise ValueError(
-                "idlm: adaptive strides vary the query length per request; they cannot be "
+                "idlm: the adaptive policy varies K, and the query length, per step; it cannot be "
                 'combined with uniform_query_len (set "adaptive": false)'
             )
         if self.draft_lora is not None and not os.path.isdir(self.draft_lora):
@@ -184,7 +184,7 @@ class IsdOptions:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> IsdOptions:
         data = dict(data)
-        data["strides"] = tuple(data.get("strides", ()))
+        data["ks"] = tuple(data.get("ks", ()))
         if data.get("lookup") is not None:
             data["lookup"] = tuple(data["lookup"])
         return cls(**data)
@@ -196,5 +196,5 @@ class IsdOptions:
         ks = sorted({n - 1 for n in trained_strides if 1 <= n - 1 <= self.num_drafts})
         data = self.to_dict()
         data["mask_token_id"] = int(mask_token_id)
-        data["strides"] = tuple(ks or range(1, self.num_drafts + 1))
+        data["ks"] = tuple(ks or range(1, self.num_drafts + 1))
         return IsdOptions.from_dict(data)

@@ -1,9 +1,9 @@
-"""The stride policy: one stride K per step for the batch, and each request's draft source.
+"""The stride policy: one K per step for the batch (K drafts, stride N = K + 1, as in ISD.md),
+and each request's draft source.
 
-vLLM-free. In one paragraph: each step the batch takes the stride K (0 is plain decoding, or
-one of the strides the checkpoint was trained for) that maximises the expected tokens per
-second, sum_i tokens_i(K) / t(B, K), where t(B, K) is what a step of B requests at stride K
-costs (`StepTimes`: timed on dummy steps at engine start, or pinned by the user, plus what the
+vLLM-free. In one paragraph: each step the batch takes the K (0 is plain decoding, or K = N - 1
+for one of the strides N the checkpoint was trained for) that maximises the expected tokens per
+second, sum_i tokens_i(K) / t(B, K), where t(B, K) is what a step of B requests at K costs (`StepTimes`: timed on dummy steps at engine start, or pinned by the user, plus what the
 engine spends around a step, learnt from the real steps of each band of batch sizes) and tokens_i(K) follows request i's
 acceptance per position (`tokens_per_forward`; moving averages of its verdicts, started from
 the engine-wide ones). A new K is taken only when it is expected to beat the current one by
@@ -34,10 +34,10 @@ MAX_PROBE_BACKOFF = 16  # probes that change nothing stretch the interval up to 
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """strides: the K values the checkpoint was trained for (0, plain decoding, is always a
-    choice). The rest are the user's keys (`"adaptive": {...}`)."""
+    """ks: the K values the checkpoint was trained for (K = N - 1 of its strides N; 0, plain
+    decoding, is always a choice). The rest are the user's keys (`"adaptive": {...}`)."""
 
-    strides: tuple[int, ...]
+    ks: tuple[int, ...]
     margin: float = 0.1
     min_dwell: int = 8
     probe_every: int = 32  # 0: never probe
@@ -45,8 +45,8 @@ class PolicyConfig:
     row_ms: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.strides or min(self.strides) < 1:
-            raise ValueError(f"adaptive: strides must be K values >= 1, got {self.strides}")
+        if not self.ks or min(self.ks) < 1:
+            raise ValueError(f"adaptive: ks must be K values >= 1, got {self.ks}")
         if not 0 <= self.margin < 1:
             raise ValueError(f"adaptive: margin must be in [0, 1), got {self.margin!r}")
         for name in ("min_dwell", "probe_every"):
@@ -61,11 +61,11 @@ class PolicyConfig:
 
     @property
     def choices(self) -> tuple[int, ...]:
-        return (0, *sorted(set(self.strides)))
+        return (0, *sorted(set(self.ks)))
 
 
 def tokens_per_forward(conditional: Sequence[float], k: int, fill: float = 0.0) -> float:
-    """Expected tokens per forward at stride k from the conditional acceptance per position
+    """Expected tokens per forward at K = k from the conditional acceptance per position
     (a_j = P(draft j accepted | drafts 1..j-1 were)). A step with drafts emits 1 + accepted;
     one without (a cold start after a rejection) emits 1, unless a lookup fills it with drafts
     (share `fill`). With r_j = a_1..a_j and S_k = r_1 + .. + r_k, a step has drafts with
@@ -87,13 +87,13 @@ def band_of(batch: int) -> int:
 
 @dataclass
 class StepTimes:
-    """Seconds a decode step of `batch` requests at stride k costs.
+    """Seconds a decode step of `batch` requests at K = k costs.
 
     `table` holds the times measured at start (dummy steps: one row per request at k = 0,
-    1 + 2k rows at stride k; `vllm_idlm.engine.calibration`) at each of `sizes`, interpolated
+    1 + 2k rows at K = k; `vllm_idlm.engine.calibration`) at each of `sizes`, interpolated
     linearly between them and extended along the last two beyond. A real step costs what its
     forward costs plus what the engine spends around it (scheduling, the speculative
-    metadata, applying verdicts, shipping outputs: milliseconds per step for every stride
+    metadata, applying verdicts, shipping outputs: milliseconds per step for every K
     alike, and more on the speculative path), which no dummy step shows: each cell (band of
     batch sizes, k) the engine runs keeps the mean of its real steps' time over the table's.
     A cell it has not run takes the least such offset of its band (none: 0), so an unknown
@@ -109,7 +109,7 @@ class StepTimes:
 
     @classmethod
     def linear(cls, choices: Sequence[int], step_s: float, row_s: float) -> StepTimes:
-        """The pinned cost: step_s + row_s per query row (b (1 + 2k) rows at stride k)."""
+        """The pinned cost: step_s + row_s per query row (b (1 + 2k) rows at K = k)."""
         sizes = [1, 2]
         table = [[step_s + row_s * b * (1 + 2 * k) for k in choices] for b in sizes]
         return cls(tuple(choices), sizes, table, pinned=True)
@@ -137,7 +137,7 @@ class StepTimes:
         return max(self.start(batch, k) + self.offset(batch, k), 1e-9)
 
     def observe(self, batch: int, k: int, seconds: float) -> None:
-        """One real decode step of `batch` requests at stride k took `seconds`."""
+        """One real decode step of `batch` requests at K = k took `seconds`."""
         if self.pinned or k not in self.choices:
             return
         key = (band_of(batch), k)
@@ -155,8 +155,8 @@ class _Request:
 
 
 class StridePolicy:
-    """Per-request estimates, the batch's stride and each request's draft source. `fixed`: the
-    stride is always that K (`"adaptive": false`); the draft sources are still chosen."""
+    """Per-request estimates, the batch's K and each request's draft source. `fixed`: K is
+    always that (`"adaptive": false`); the draft sources are still chosen."""
 
     def __init__(self, config: PolicyConfig, times: StepTimes, fixed: int | None = None) -> None:
         self.config = config
@@ -167,10 +167,10 @@ class StridePolicy:
         self.engine = [PRIOR] * self.max_k  # engine-wide conditional acceptance
         self.observed = [0] * self.max_k  # verdicts per position, engine-wide
         self.requests: dict[str, _Request] = {}
-        self.k: int | None = None  # the stride held (None: not chosen yet)
+        self.k: int | None = None  # the K held (None: not chosen yet)
         self.since = 0  # the step it was taken on
         self.step = 0
-        self.stride = 0  # the stride chosen for the step now scheduled
+        self.step_k = 0  # the K chosen for the step now scheduled
         self.probing = False  # ... a probe
         self._probe_at = config.probe_every
         self._backoff = 1
@@ -241,12 +241,12 @@ class StridePolicy:
         return totals
 
     def choose(self, req_ids: Sequence[str], batch: int) -> int:
-        """The stride of the drafting requests `req_ids` for the next step of a batch of
+        """The K of the drafting requests `req_ids` for the next step of a batch of
         `batch` requests (the others decode plainly and count one token each)."""
         self.step += 1
         self.probing = False
-        self.stride = self._choose(req_ids, batch)
-        return self.stride
+        self.step_k = self._choose(req_ids, batch)
+        return self.step_k
 
     def _choose(self, req_ids: Sequence[str], batch: int) -> int:
         if self.fixed is not None:

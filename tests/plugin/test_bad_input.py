@@ -127,7 +127,7 @@ def test_an_adapter_gives_every_stride_it_was_trained_for(demo_models):
     assert facts.strides == (2, 3, 4)
     assert facts.check_num_drafts(1) is None
     options = IsdOptions(num_drafts=3).resolved(facts.mask_token_id, facts.strides)
-    assert options.strides == (1, 2, 3)
+    assert options.ks == (1, 2, 3)  # K = N - 1
 
 
 @pytest.fixture(scope="module")

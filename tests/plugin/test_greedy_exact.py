@@ -58,14 +58,14 @@ def test_greedy_isd_equals_plain_greedy_on_64_heldout_prompts(
             assert state["num_steps"] == 0 and state["calibration_s"] is not None, state
             times = state["step_times"]
             assert not times["pinned"] and times["sizes"][:2] == [1, 2], times
-            assert len(times["table_ms"][0]) == len(times["strides"]) >= 2, times
+            assert len(times["table_ms"][0]) == len(times["ks"]) >= 2, times
         isd_outputs = generate(llm, heldout_prompts, GREEDY)
         (state,) = llm.collective_rpc("idlm_state")
         if isinstance(spec.get("adaptive"), dict):
-            chosen = state["strides_chosen"]
+            chosen = state["ks_chosen"]
             assert len(chosen) >= 2, f"the policy never changed stride: {chosen}"
         elif not spec:
-            assert sum(state["strides_chosen"].values()) > 0 and state["step_times"]["offsets_ms"]
+            assert sum(state["ks_chosen"].values()) > 0 and state["step_times"]["offsets_ms"]
         sources = state["sources"]
         if spec.get("lookup") is False:
             assert sources["lookup_drafts"] == 0 and sources["mask_drafts"] > 0, sources
@@ -89,7 +89,7 @@ def test_slot_free_steps_take_vllms_plain_path_seeded_or_not(
     with llm_factory(demo_models["idlm"], 3, never, max_num_seqs=16) as llm:
         isd_outputs = generate(llm, heldout_prompts[:16], GREEDY)
         (state,) = llm.collective_rpc("idlm_state")
-        assert state["num_steps"] == 0 and set(map(int, state["strides_chosen"])) == {0}, state
+        assert state["num_steps"] == 0 and set(map(int, state["ks_chosen"])) == {0}, state
         assert state["num_plain_steps"] >= GREEDY.max_tokens, state
         plain_steps = state["num_plain_steps"]
         random = SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True)
@@ -123,7 +123,7 @@ def test_a_probe_gets_its_extra_position_verified(
     with llm_factory(demo_models["idlm"], 2, hold_one, max_num_seqs=1) as llm:
         (isd_output,) = generate(llm, heldout_prompts[:1], GREEDY)
         (state,) = llm.collective_rpc("idlm_state")
-    chosen = {int(k): n for k, n in state["strides_chosen"].items()}
+    chosen = {int(k): n for k, n in state["ks_chosen"].items()}
     assert set(chosen) == {1, 2} and chosen[2] >= 3, chosen  # held k = 1, probes at 2
     assert state["observed_positions"][1] > 0, state  # position 2 observed by the probes
     assert isd_output == plain_outputs[0]

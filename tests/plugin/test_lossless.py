@@ -36,7 +36,7 @@ def lossless_run(demo_models, heldout_prompts, llm_factory, generate):
 
 def test_greedy_lossless_isd_equals_plain_base_decoding_on_64_prompts(plain_base, lossless_run):
     outputs, state = lossless_run
-    assert sum(state["strides_chosen"].values()) > 0, "the adaptive policy did not run"
+    assert sum(state["ks_chosen"].values()) > 0, "the adaptive policy did not run"
     mismatches = [i for i, (a, b) in enumerate(zip(plain_base, outputs, strict=True)) if a != b]
     assert not mismatches, f"{len(mismatches)}/64 differ: {mismatches[:5]}"
 

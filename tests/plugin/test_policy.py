@@ -8,8 +8,8 @@ import pytest
 from vllm_idlm.policy import PolicyConfig, StepTimes, StridePolicy, band_of, tokens_per_forward
 
 
-def policy(step_ms=10.0, row_ms=0.1, strides=(1, 2, 3), **keys) -> StridePolicy:
-    config = PolicyConfig(strides=strides, step_ms=step_ms, row_ms=row_ms, **keys)
+def policy(step_ms=10.0, row_ms=0.1, ks=(1, 2, 3), **keys) -> StridePolicy:
+    config = PolicyConfig(ks=ks, step_ms=step_ms, row_ms=row_ms, **keys)
     return StridePolicy(config, StepTimes.linear(config.choices, step_ms / 1e3, row_ms / 1e3))
 
 
@@ -126,7 +126,7 @@ def test_cold_steps_a_lookup_fills_raise_the_expected_tokens():
 
 
 def test_a_fixed_stride_is_kept_whatever_the_cost():
-    config = PolicyConfig(strides=(1, 2, 3))
+    config = PolicyConfig(ks=(1, 2, 3))
     fixed = StridePolicy(config, StepTimes.linear(config.choices, 1.0, 1.0), fixed=3)
     assert {fixed.choose([f"r{i}" for i in range(256)], 256) for _ in range(50)} == {3}
     assert not fixed.chosen
@@ -144,7 +144,7 @@ def test_a_fixed_stride_is_kept_whatever_the_cost():
 )
 def test_bad_policy_keys_are_refused_naming_the_key(keys, message):
     with pytest.raises(ValueError, match=message):
-        PolicyConfig(strides=(1, 2), **keys)
+        PolicyConfig(ks=(1, 2), **keys)
 
 
 def test_step_times_measured_at_start_are_made_monotone():

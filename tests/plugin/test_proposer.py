@@ -23,7 +23,7 @@ def proposer(k=3, uniform=False, lookup=None, adaptive=False, params=None, req_i
         adaptive=adaptive,
         lookup=lookup,
         mask_token_id=MASK,
-        strides=tuple(range(1, k + 1)),
+        ks=tuple(range(1, k + 1)),
     )
     config = SimpleNamespace(additional_config={"idlm": options.to_dict()})
     p = IsdProposer(config)

@@ -67,7 +67,7 @@ def samples(demo_models, prefixes, llm_factory, as_prompts):
                 result[f"{mode}-metrics"] = read_isd_metrics(llm.get_metrics())
             if mode == "adaptive":
                 (state,) = llm.collective_rpc("idlm_state")
-                result["adaptive-strides"] = state["strides_chosen"]
+                result["adaptive-ks"] = state["ks_chosen"]
     return result
 
 
@@ -97,8 +97,8 @@ def test_drafts_were_actually_verified_at_t_above_zero(samples, mode):
     assert m.lookup_draft_tokens > 1000, m
     assert 0.05 < m.lookup_acceptance < 0.98, m
     if mode == "adaptive":
-        drafting = {k: n for k, n in samples["adaptive-strides"].items() if k > 0}
-        assert len(drafting) >= 2, f"one stride only: {samples['adaptive-strides']}"
+        drafting = {k: n for k, n in samples["adaptive-ks"].items() if k > 0}
+        assert len(drafting) >= 2, f"one K only: {samples['adaptive-ks']}"
 
 
 def test_the_statistic_detects_a_temperature_change(samples, prefixes, chi_square_p_value):

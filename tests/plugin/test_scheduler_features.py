@@ -346,7 +346,7 @@ def test_the_adaptive_mode_varied_the_strides_and_lookups_were_verified(
     one stride (a fixed-K engine has no stride choice), and every engine verified lookup
     drafts beside MASK-row drafts."""
     state = settled_state(isd, heldout_prompts[0])
-    chosen = state.get("strides_chosen")
+    chosen = state.get("ks_chosen")
     if mode[0] == "adaptive":
         assert chosen and len([k for k, n in chosen.items() if n]) >= 2, chosen
     else:

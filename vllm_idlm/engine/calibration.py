@@ -1,5 +1,5 @@
 """The stride policy's step times (`vllm_idlm.policy.StepTimes`), measured once as the engine
-starts (after vLLM's warm-up), on dummy steps off the request path: B requests at stride k, for
+starts (after vLLM's warm-up), on dummy steps off the request path: B requests at K = k, for
 B in `SIZES` (up to what the engine schedules at once) and every k the policy may choose. k = 0
 is a plain step (one query row per request); k > 0 is 1 + 2k query rows per request, the last k
 of them MASK slots (the gated adapter, if any, opens on them), then the ISD sampler's pass over
@@ -45,7 +45,7 @@ def _plain_rows(runner: RunnerView, rows: int) -> None:
 
 
 def _speculative_rows(runner: RunnerView, k: int, mask_token_id: int, requests: int = 1) -> None:
-    """A step of `requests` requests at stride k: 1 + 2k query rows each over `CONTEXT`
+    """A step of `requests` requests at K = k: 1 + 2k query rows each over `CONTEXT`
     tokens, whose last k are MASK slots (the gated adapter, if any, opens on them), then
     the ISD sampler's pass over them as an all-greedy batch takes it (`_sampler_pass`)."""
     rows = 1 + 2 * k
@@ -60,7 +60,7 @@ def _speculative_rows(runner: RunnerView, k: int, mask_token_id: int, requests: 
 
 
 def _sampler_pass(logits: torch.Tensor, k: int, requests: int, mask_token_id: int) -> None:
-    """What the ISD sampler does with an all-greedy step of `requests` requests at stride k
+    """What the ISD sampler does with an all-greedy step of `requests` requests at K = k
     (k drafts and k MASK slots each): on CPU, one argmax and the host pass
     (`IsdRejectionSampler._verify_greedy`), elsewhere the verify-and-draft pass and its one
     sync: the cheapest path's cost, which the real steps' times correct (`StepTimes`)."""
@@ -89,7 +89,7 @@ def _sampler_pass(logits: torch.Tensor, k: int, requests: int, mask_token_id: in
 def measure(
     runner: RunnerView, choices: tuple[int, ...], mask_token_id: int, repeats: int = 5
 ) -> StepTimes:
-    """Time a step of B requests at stride k for every B in `SIZES` the engine can schedule and
+    """Time a step of B requests at K = k for every B in `SIZES` the engine can schedule and
     every k in `choices`, the least of `repeats` rounds (each round times every cell once, the
     largest batches first: a small forward timed right after a large one ran slow, its caches
     evicted), made monotone (`monotone`)."""
@@ -111,7 +111,7 @@ def measure(
 
 
 def monotone(table: list[list[float]]) -> list[list[float]]:
-    """No cell above one with more requests or a longer stride (more rows): load on the machine
+    """No cell above one with more requests or a larger K (more rows): load on the machine
     only ever adds time, so a cell measured above a larger one is a slow measurement, and the
     larger one's time is the better bound on it (a least over the cells beyond, per column and
     then per row). Seen on a busy machine: one request plain 10.6 ms, two requests 1.9 ms."""
@@ -143,7 +143,7 @@ def calibrate_once(runner: RunnerView) -> bool:
         policy.times = measure(runner, policy.choices, runner.drafter.options.mask_token_id)
     runner.calibration_s = time.perf_counter() - began
     logger.info(
-        "idlm: step times (ms) at batch sizes %s, strides %s: %s (measured in %.1f s)",
+        "idlm: step times (ms) at batch sizes %s, K %s: %s (measured in %.1f s)",
         policy.times.sizes,
         list(policy.choices),
         [[round(t * 1e3, 2) for t in row] for row in policy.times.table],

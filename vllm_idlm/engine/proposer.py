@@ -1,9 +1,9 @@
 """The ISD proposer vLLM's runner calls after each step (through `custom_class`).
 
 It runs no model: the MASK rows of the step just verified already made their drafts (see
-`engine.sampler`). Per request at stride k (K, or the stride policy's choice for this step) it
+`engine.sampler`). Per request at k drafts (K, or the stride policy's choice for this step) it
 submits `[d_0 .. d_{n-1}, MASK x m]`: the drafts are the MASK rows' (all of them, n <= K, also
-past k: a probe's extra draft, or those in hand when the stride drops, cost only their rows)
+past k: a probe's extra draft, or those in hand when k drops, cost only their rows)
 and m = k MASK slots; or a lookup's in the request's own text (`engine.lookup`) followed by the
 MASK rows' drafts for the positions after it, where the policy prefers the lookup, or the
 lookup's alone after a rejection, where the MASK rows have nothing (a cold start is then
@@ -33,8 +33,8 @@ def make_policy(options: IsdOptions) -> StridePolicy:
     prior that the measurement at engine start replaces; with `"adaptive": false`, the fixed
     K (the policy then only chooses each request's draft source)."""
     settings = options.adaptive_settings
-    strides = options.strides or tuple(range(1, options.num_drafts + 1))
-    config = PolicyConfig(strides=strides, **settings)
+    ks = options.ks or tuple(range(1, options.num_drafts + 1))
+    config = PolicyConfig(ks=ks, **settings)
     if not options.adaptive_on:
         return StridePolicy(config, StepTimes.linear(config.choices, 1.0, 1.0), options.num_drafts)
     if config.step_ms is not None:
@@ -75,7 +75,7 @@ class IsdProposer:
     def _drafts_for(self, params: Any) -> bool:
         """Whether the request drafts at all. Structured outputs do not: grammar validation
         would strip MASK slots. Under the policy neither does a seeded random request: its
-        tokens must repeat per seed whatever the load, and the policy's strides follow the
+        tokens must repeat per seed whatever the load, and the K the policy chooses follows the
         machine's timings and the other requests (a fixed K drafts for it)."""
         if params is not None and params.structured_outputs is not None:
             return False
@@ -118,7 +118,7 @@ class IsdProposer:
             # without the lookup's tokens: any q~ the draft was drawn from verifies exactly).
             drafts = lookup + made[len(lookup) :]
             masks = k
-            if lookup:  # within the stride's 2k slots: a long lookup takes MASK slots' places
+            if lookup:  # within the step's 2k slots: a long lookup takes MASK slots' places
                 drafts = drafts[: 2 * k - 1]
                 masks = min(k, 2 * k - len(drafts))
             if drafts:

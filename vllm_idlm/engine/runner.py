@@ -92,8 +92,8 @@ class _Step:
 
     start: float
     batch: int  # requests in the step
-    stride: int  # the policy's stride for it
-    timed: bool  # a decode step (no prompt tokens) at the stride held, not a probe
+    k: int  # the policy's K for it
+    timed: bool  # a decode step (no prompt tokens) at the K held, not a probe
     sampled: float | None = None  # when its sampling ended
 
 
@@ -102,7 +102,7 @@ def execute_model(original, self, scheduler_output, *args, **kwargs):
     the next one's, so that what the engine does between forwards for the step (scheduling the
     draft slots, applying verdicts, shipping outputs) counts too; a step followed by an idle
     gap is timed to the end of its sampling only (`sample_tokens`). Steps that carry prompt
-    tokens (their time is the prefill's) and probes (not the stride held) are not counted."""
+    tokens (their time is the prefill's) and probes (not the K held) are not counted."""
     total = scheduler_output.total_num_scheduled_tokens
     view = RunnerView.of(self)
     if total and isd_of(view) is not None:
@@ -122,11 +122,11 @@ def execute_model(original, self, scheduler_output, *args, **kwargs):
             step = view.step
             if step is not None and step.timed and step.sampled is not None:
                 end = now if now - step.sampled <= IDLE_GAP_S else step.sampled
-                policy.times.observe(step.batch, step.stride, end - step.start)
+                policy.times.observe(step.batch, step.k, end - step.start)
             if calibrate_once(view):  # its warm-up was skipped: before the first step
                 now = time.perf_counter()
             timed = rows == total and not policy.probing
-            view.step = _Step(now, requests, policy.stride, timed)
+            view.step = _Step(now, requests, policy.step_k, timed)
     return original(self, scheduler_output, *args, **kwargs)
 
 
@@ -189,7 +189,7 @@ def idlm_state(wrapper) -> dict | None:
         times = policy.times
         out["step_times"] = {
             "sizes": list(times.sizes),
-            "strides": list(times.choices),
+            "ks": list(times.choices),
             "table_ms": [[t * 1e3 for t in row] for row in times.table],
             "pinned": times.pinned,
             "offsets_ms": {f"{b},{k}": v * 1e3 for (b, k), v in sorted(times.offsets.items())},
@@ -197,7 +197,7 @@ def idlm_state(wrapper) -> dict | None:
         out["calibration_s"] = view.calibration_s
         out["engine_acceptance"] = list(policy.engine)
         out["observed_positions"] = list(policy.observed)
-        out["strides_chosen"] = dict(sorted(policy.chosen.items()))
+        out["ks_chosen"] = dict(sorted(policy.chosen.items()))
         out["probes"] = policy.probes
         out["switches"] = policy.switches
     return out
