@@ -25,8 +25,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from vllm_idlm.formats.checkpoint import MASK_TOKEN
 from vllm_idlm.rollouts.generate import (
-    MASK_TOKEN,
     RolloutSpec,
     generate_rollouts,
     generate_rollouts_ray,
