@@ -111,7 +111,7 @@ class Method:
 def parse_method(text: str, models: Path, lora: Path | None, max_k: int) -> Method:
     """`plain`; `isd` (the default policy: adaptive, lookup on); `K=<k>` (fixed K); `mask`
     (adaptive, no lookup); `K=<k>-mask` (fixed K, no lookup); `idlm{...}` (those speculative-
-    config keys over the default); `ngram`, `suffix` (vLLM's own, K=3); any of them followed
+    config keys over the default); `ngram`, `suffix` (vLLM's own, K=3; `ngram=5`: K=5); any of them followed
     by `@<tag>` (a second engine of the same method: the A/A spread) and/or `@old=<dir>` (the
     plugin imported from another checkout, e.g. a git worktree of an earlier commit)."""
     name, *tags = text.split("@")
@@ -123,9 +123,10 @@ def parse_method(text: str, models: Path, lora: Path | None, max_k: int) -> Meth
         isd["draft_lora"] = str(lora)
     if name == "plain":
         return Method(text, isd_model)
-    if name in ("ngram", "suffix"):
-        spec = {"method": name, "num_speculative_tokens": 3}
-        if name == "ngram":
+    vllm_method, _, k = name.partition("=")
+    if vllm_method in ("ngram", "suffix"):
+        spec = {"method": vllm_method, "num_speculative_tokens": int(k or 3)}
+        if vllm_method == "ngram":
             spec.update(prompt_lookup_max=4, prompt_lookup_min=2)
         return Method(text, isd_model, spec)
     if name == "isd":

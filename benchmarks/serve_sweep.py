@@ -21,7 +21,7 @@ one server after another (less memory: seven demo-model servers took 11 GiB toge
 pool), drawn again from the pool where it asks for more, as `vllm bench serve` oversamples:
 at concurrency 32-64 the 64 prompts of a point take under 2.5 s on the demo models. Longer
 points are not enough on their own: at 192 requests a point's ratio to plain still moved by up
-to 0.46 between rotations on this 2-core machine (RESULTS.md, thirty-fifth session), so judge
+to 0.46 between rotations on this 2-core machine (DECISIONS.md, D19), so judge
 a few percent over repeated runs, not one.
 """
 

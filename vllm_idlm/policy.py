@@ -7,7 +7,7 @@ second, sum_i tokens_i(K) / t(B, K), where t(B, K) is what a step of B requests 
 engine spends around a step, learnt from the real steps of each band of batch sizes) and tokens_i(K) follows request i's
 acceptance per position (`tokens_per_forward`; moving averages of its verdicts, started from
 the engine-wide ones). A new K is taken only when it is expected to beat the current one by
-`margin`, and not before the current one was held `min_dwell` steps. Positions beyond K get no
+`margin`, and not before the current one was held `min_dwell` steps; an engine starts plain. Positions beyond K get no
 verdicts, so every `probe_every` steps the batch drafts one position more for one step (the
 interval doubles, up to 16 times, while probes change nothing). Per request, drafts come from
 the MASK rows of the last step, or from a lookup in the request's own text where that matched
@@ -38,7 +38,7 @@ class PolicyConfig:
     decoding, is always a choice). The rest are the user's keys (`"adaptive": {...}`)."""
 
     ks: tuple[int, ...]
-    margin: float = 0.1
+    margin: float = 0.15
     min_dwell: int = 8
     probe_every: int = 32  # 0: never probe
     step_ms: float | None = None  # pinned cost: step_ms + row_ms per query row
@@ -167,8 +167,8 @@ class StridePolicy:
         self.engine = [PRIOR] * self.max_k  # engine-wide conditional acceptance
         self.observed = [0] * self.max_k  # verdicts per position, engine-wide
         self.requests: dict[str, _Request] = {}
-        self.k: int | None = None  # the K held (None: not chosen yet)
-        self.since = 0  # the step it was taken on
+        self.k = 0  # the K held: plain decoding until drafting beats it by the margin
+        self.since = -config.min_dwell  # the step it was taken on (the first may move at once)
         self.step = 0
         self.step_k = 0  # the K chosen for the step now scheduled
         self.probing = False  # ... a probe
@@ -260,9 +260,7 @@ class StridePolicy:
             for k, t in zip(self.choices, tokens, strict=True)
         }
         best = max(self.choices, key=goodput.__getitem__)
-        if self.k is None:
-            self.k, self.since = best, self.step
-        elif (
+        if (
             best != self.k
             and self.step - self.since >= self.config.min_dwell
             and goodput[best] > goodput[self.k] * (1.0 + self.config.margin)

@@ -72,8 +72,11 @@ def test_a_new_stride_waits_for_the_dwell_and_must_beat_the_held_one_by_the_marg
         p.observe("a", 1, 0)
     chosen = [p.choose(["a"], 1) for _ in range(6)]
     assert chosen[:4] == [1, 1, 1, 1] and chosen[-1] == 0, chosen  # held until the dwell ends
-    assert p.switches == 1
+    assert p.switches == 2  # plain (as every engine starts) to 1, then back
     still = policy(row_ms=1.0, margin=0.3, probe_every=0, min_dwell=0)
+    assert still.choose(["a"], 1) == 0  # 7% ahead of plain at the prior: not enough to start
+    for _ in range(30):  # every first draft accepted: 2 tokens a forward, 69% ahead
+        still.observe("a", 1, 1)
     assert still.choose(["a"], 1) == 1
     for _ in range(30):  # worse than plain decoding, but within the 30% margin
         still.observe("a", 1, 0)
