@@ -56,6 +56,24 @@ def test_cpu_expand_batch_to_tokens_returns_the_values_for_float32_and_int32():
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-2000:]
 
 
+def test_the_kernel_scan_survives_numba_loaded_in_the_process():
+    """Bug 5: with numba loaded (the lookup's matcher), vLLM's `_rebind_kernels` died on
+    llvmlite's `ffi.lib` (`'_lib_fn_wrapper' object has no attribute 'get'`): a second
+    in-process engine failed to start; and the scan leaves numba importable as it was."""
+    proc = run_with_cpu_kernels(
+        """
+        import sys
+        from vllm.v1.spec_decode import ngram_proposer  # numba and llvmlite
+        import llvmlite.binding.ffi
+        from vllm.triton_utils import dispatcher
+        dispatcher._rebind_kernels([])
+        assert sys.modules["llvmlite.binding.ffi"] is llvmlite.binding.ffi
+        print("OK")
+        """
+    )
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-2000:]
+
+
 def test_top_k_without_top_p_on_an_empty_batch_does_not_crash():
     """Bug 2: `apply_top_k_only` took `k.max()` of an empty tensor, crashing the engine
     on every step with zero drafts (each prefill) when top_k was set without top_p."""

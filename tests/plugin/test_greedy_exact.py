@@ -112,12 +112,19 @@ def test_a_probe_gets_its_extra_position_verified(
     demo_models, heldout_prompts, plain_outputs, llm_factory, generate
 ):
     """One request holding k = 1 (7% ahead of plain decoding at the prior under this pinned
-    cost, and held: the dwell is beyond its length) probes k = 2 every other step; the step
+    cost, taken with no margin, and held: the dwell is beyond its length) probes k = 2 every
+    other step (the interval stretching while they change nothing); the step
     after a probe verifies both drafts the probe's MASK rows made (not only the one its stride
     asks for), so the second position gets verdicts though the request never drafts two on
     its own. The tokens stay plain decoding's."""
     hold_one = {
-        "adaptive": {"step_ms": 10, "row_ms": 2, "min_dwell": 1 << 20, "probe_every": 2},
+        "adaptive": {
+            "step_ms": 10,
+            "row_ms": 2,
+            "margin": 0,
+            "min_dwell": 1 << 20,
+            "probe_every": 2,
+        },
         "lookup": False,
     }
     with llm_factory(demo_models["idlm"], 2, hold_one, max_num_seqs=1) as llm:

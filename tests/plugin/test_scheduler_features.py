@@ -23,16 +23,17 @@ K = 3
 BLOCK = 32  # the smallest CPU block size: every residue modulo it with short prompts
 SHARED = dict(max_model_len=256, block_size=BLOCK, max_num_seqs=64)
 # Small KV cache (preemption) and a small token budget (chunked prefill).
-PRESSURE = dict(SHARED, num_gpu_blocks_override=40, max_num_batched_tokens=64, max_num_seqs=24)
+PRESSURE = dict(SHARED, num_gpu_blocks_override=32, max_num_batched_tokens=64, max_num_seqs=24)
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 # (checkpoint, gated adapter, speculative-config extras): fixed K = 3 (the lookup on, as by
-# default); lossless; the stride policy with a pinned step cost under which it mixes strides
-# 0..3 (probes every fourth step); and an eager lookup (single-token matches) at fixed K, so
-# that lookup drafts and MASK-row drafts meet every feature in the same steps.
+# default); lossless; the stride policy with a pinned step cost under which the stride follows
+# the batch (3 for one request, 1 for 16, 0 from about 40; probes every fourth step); and an
+# eager lookup (single-token matches) at fixed K, so that lookup drafts and MASK-row drafts
+# meet every feature in the same steps.
 MODES = {
     "isd": ("idlm", None, {"adaptive": False}),
     "lossless": ("base", "lora", {"adaptive": False}),
-    "adaptive": ("idlm", None, {"adaptive": {"step_ms": 40, "row_ms": 0.02, "probe_every": 4}}),
+    "adaptive": ("idlm", None, {"adaptive": {"step_ms": 10, "row_ms": 0.1, "probe_every": 4}}),
     "eager-lookup": ("idlm", None, {"adaptive": False, "lookup": {"min_ngram": 1}}),
 }
 
@@ -296,7 +297,7 @@ def test_one_batch_mixing_every_kind_of_request(plain, isd, heldout_prompts, as_
 
 
 def test_preemption_and_resumption_stay_exact(plain, pressured, heldout_prompts, generate):
-    """48 requests against a 40-block KV cache (24 at a time): vLLM preempts and resumes
+    """48 requests against a 32-block KV cache (24 at a time): vLLM preempts and resumes
     requests (a resumed request may get placeholder slots); greedy stays exact, seeded
     sampling reproducible, and no per-request state is left behind."""
     prompts = prompts_of_lengths(heldout_prompts, [20 + (i * 7) % 40 for i in range(48)])

@@ -9,11 +9,16 @@
    vLLM's LoRA path entirely (see `engine.gated_lora`), so nothing to patch here.
 4. A seeded request in chunked prefill kills the engine: its generator is rewound with
    CUDA-only offsets (`sample` and `bookkeeping_sync`, on the model runner).
+5. (Not the CPU build's alone.) vLLM's scan that points every reference to a kernel at its
+   override dies once numba is loaded (`rebind_kernels`): a second engine in one process
+   after the first used the lookup's matcher (or vLLM's own ngram method).
 
-Each is a CPU-only patch of the seam table (`vllm_idlm.seam.table`).
+Each is a patch of the seam table (`vllm_idlm.seam.table`), 1, 2 and 4 on CPU only.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -70,3 +75,25 @@ def bookkeeping_sync(original, self, *args, **kwargs):
         for i, (gen, state) in saved.items():
             gen.set_state(state)
             gens[i] = gen
+
+
+# Packages whose module namespaces the kernel scan must not read (bug 5); they hold no kernel.
+_UNSCANNABLE = ("llvmlite", "numba")
+
+
+def rebind_kernels(original, *args, **kwargs):
+    """Bug 5: vLLM's `_rebind_kernels` reads `vars(value).get("kernel")` for every module-level
+    value with a `__dict__`; llvmlite's `ffi.lib` answers any attribute, `__dict__` included,
+    with a function wrapper, and the engine dies (`'_lib_fn_wrapper' object has no attribute
+    'get'`). Their modules are out of `sys.modules` while the scan runs."""
+    hidden = {
+        name: module
+        for name, module in list(sys.modules.items())
+        if name.split(".", 1)[0] in _UNSCANNABLE
+    }
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        return original(*args, **kwargs)
+    finally:
+        sys.modules.update(hidden)

