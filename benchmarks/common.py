@@ -62,7 +62,7 @@ def chat_requests(workload: str, count: int) -> list[list[dict[str, str]]]:
     from idlm_training.chat_recipe import InstructionConfig
     from idlm_training.instructions import build_instructions
 
-    _, heldout = build_instructions(InstructionConfig(heldout=2000))
+    _, heldout = build_instructions(InstructionConfig(heldout=400))  # 438 on Python 3.11
     kinds = {"code": ("write_function", "write_class"), "edit": ("type_hints", "docstring")}
     if workload == "chat":
         seen, out = set(), []
