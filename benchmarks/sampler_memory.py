@@ -61,7 +61,7 @@ def run_case(case: str, vocab: int, num_reqs: int, k: int, greedy: bool) -> dict
 
     from vllm_idlm.config import IsdOptions
     from vllm_idlm.engine.sampler import IsdRejectionSampler
-    from vllm_idlm.engine.state import IsdState, StoredDrafts
+    from vllm_idlm.engine.state import IsdState, Proposal
     from vllm_idlm.plugin import register
     from vllm_idlm.seam.runner import RunnerView
 
@@ -125,9 +125,9 @@ def run_case(case: str, vocab: int, num_reqs: int, k: int, greedy: bool) -> dict
         def store_drafts():
             if greedy:
                 return
-            for r in req_ids:
+            for r in req_ids:  # MASK-row drafts, each with its probs row (no lookup)
                 probs = torch.empty(k, vocab).fill_(1.0 / vocab)
-                state.draft_probs[r] = StoredDrafts((5,) * k, probs)
+                state.proposed[r] = Proposal((5,) * k, 0, probs)
 
     else:
         rejection = RejectionSampler(sampler)
