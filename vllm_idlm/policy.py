@@ -7,7 +7,8 @@ second, sum_i tokens_i(K) / t(B, K), where t(B, K) is what a step of B requests 
 engine spends around a step, learnt from the real steps of each band of batch sizes) and tokens_i(K) follows request i's
 acceptance per position (`tokens_per_forward`; moving averages of its verdicts, started from
 the engine-wide ones). A new K is taken only when it is expected to beat the current one by
-`margin`, and not before the current one was held `min_dwell` steps; an engine starts plain. Positions beyond K get no
+`margin`, and not before the current one was held `min_dwell` steps (unless its cost at this
+batch size was a guess: then as soon as a step of it was timed); an engine starts plain. Positions beyond K get no
 verdicts, so every `probe_every` steps the batch drafts one position more for one step (the
 interval doubles, up to 16 times, while probes change nothing). Per request, drafts come from
 the MASK rows of the last step, or from a lookup in the request's own text where that matched
@@ -136,6 +137,10 @@ class StepTimes:
     def __call__(self, batch: int, k: int) -> float:
         return max(self.start(batch, k) + self.offset(batch, k), 1e-9)
 
+    def known(self, batch: int, k: int) -> bool:
+        """Whether a real step of this band and stride was timed (a pinned cost: always)."""
+        return self.pinned or (band_of(batch), k) in self.offsets
+
     def observe(self, batch: int, k: int, seconds: float) -> None:
         """One real decode step of `batch` requests at K = k took `seconds`."""
         if self.pinned or k not in self.choices:
@@ -169,6 +174,7 @@ class StridePolicy:
         self.requests: dict[str, _Request] = {}
         self.k = 0  # the K held: plain decoding until drafting beats it by the margin
         self.since = -config.min_dwell  # the step it was taken on (the first may move at once)
+        self.guessed = False  # it was taken on a guess of its step time (`StepTimes.known`)
         self.step = 0
         self.step_k = 0  # the K chosen for the step now scheduled
         self.probing = False  # ... a probe
@@ -260,13 +266,21 @@ class StridePolicy:
             for k, t in zip(self.choices, tokens, strict=True)
         }
         best = max(self.choices, key=goodput.__getitem__)
+        # The dwell holds a stride whose cost was measured; one taken on the least offset of
+        # its band (never run at this batch size) is judged again as soon as its first step
+        # is timed: at demo c = 64, dwells in untried strides cost 4-6 points against plain.
+        settled = self.step - self.since >= self.config.min_dwell
+        judged = self.guessed and self.times.known(batch, self.k)
         if (
             best != self.k
-            and self.step - self.since >= self.config.min_dwell
+            and (settled or judged)
             and goodput[best] > goodput[self.k] * (1.0 + self.config.margin)
         ):
+            self.guessed = not self.times.known(batch, best)
             self.k, self.since = best, self.step
             self.switches += 1
+        elif judged:  # the guess held up: the dwell from here
+            self.guessed = False
         k = self.k
         if k < self.max_k and self._probe_due():
             k = self.choices[self.choices.index(k) + 1]

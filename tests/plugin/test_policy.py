@@ -157,3 +157,24 @@ def test_step_times_measured_at_start_are_made_monotone():
 
     measured = [[10.6, 3.8, 4.0], [1.9, 2.6, 2.3], [2.4, 10.3, 2.9]]
     assert monotone(measured) == [[1.9, 2.3, 2.3], [1.9, 2.3, 2.3], [2.4, 2.9, 2.9]]
+
+
+def test_a_stride_taken_on_a_guess_is_judged_again_after_its_first_timed_step():
+    """Measured step times: plain steps of two requests timed at 2 ms over the table, stride 1
+    never run, so it borrows that offset and looks 50% ahead; taken, its first real step costs
+    20 ms more than the table, and the policy returns to plain at once, dwell or not. A stride
+    whose cost was timed keeps the dwell."""
+    config = PolicyConfig(ks=(1,), min_dwell=100, probe_every=0)
+    times = StepTimes((0, 1), [1, 2], [[0.010, 0.011], [0.011, 0.012]])
+    p = StridePolicy(config, times)
+    times.observe(2, 0, 0.013)
+    for _ in range(20):
+        p.observe("a", 1, 1)
+        p.observe("b", 1, 1)
+    assert p.choose(["a", "b"], 2) == 1  # 2 tokens a forward each at 14 ms against 13
+    times.observe(2, 1, 0.032)
+    assert p.choose(["a", "b"], 2) == 0
+    assert p.choose(["a", "b"], 2) == 0
+    times.observe(2, 1, 0.012)  # even if stride 1 now looked cheap again: plain was timed
+    times.offsets[(band_of(2), 1)] = 0.0
+    assert p.choose(["a", "b"], 2) == 0
