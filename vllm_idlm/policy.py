@@ -279,7 +279,7 @@ class StridePolicy:
             self.guessed = not self.times.known(batch, best)
             self.k, self.since = best, self.step
             self.switches += 1
-        elif judged:  # the guess held up: the dwell from here
+        elif judged:  # the guess held up: its dwell goes on
             self.guessed = False
         k = self.k
         if k < self.max_k and self._probe_due():
