@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 
 ISD_POINTERS = {
     "logits": "*bf16", "noise": "*fp32", "draft_probs": "*fp32", "draft_ids": "*i64",
-    "uniforms": "*fp64", "num_draft": "*i64", "num_mask": "*i64", "temperature": "*fp32",
+    "uniforms": "*fp64", "num_draft": "*i64", "draft_prob_index": "*i64", "num_mask": "*i64", "temperature": "*fp32",
     "top_k": "*i64", "top_p": "*fp32", "accepted_out": "*i8", "recovered_out": "*i64",
     "bonus_out": "*i64", "next_ids_out": "*i64", "next_probs_out": "*fp32", "scratch": "*fp32",
 }  # fmt: skip

@@ -143,7 +143,9 @@ def test_prometheus_metrics_report_isd_rounds_and_k_positions(isd_server):
         if ln.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total")
     ]
     positions = sorted(int(ln.split('position="')[1].split('"')[0]) for ln in lines)
-    assert positions == [0, 1, 2]  # K = 3 real drafts, not 2K slots
+    # K = 3: up to 2K - 1 = 5 drafts a step (lookup drafts, then MASK-row drafts), one counter
+    # per draft position, none for the MASK slots themselves
+    assert positions == [0, 1, 2, 3, 4]
     drafts = [ln for ln in text.splitlines() if ln.startswith("vllm:spec_decode_num_drafts_total")]
     assert drafts and float(drafts[0].split()[-1]) > 0
 
