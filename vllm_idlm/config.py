@@ -23,8 +23,9 @@ _ISD_KEYS = frozenset(
 )
 # The object form of "adaptive" (`vllm_idlm.policy.PolicyConfig`) and of "lookup".
 ADAPTIVE_KEYS = frozenset({"margin", "min_dwell", "probe_every", "step_ms", "row_ms"})
-LOOKUP_KEYS = frozenset({"min_ngram", "max_ngram"})
+LOOKUP_KEYS = frozenset({"min_ngram", "max_ngram", "recent"})
 DEFAULT_LOOKUP_NGRAM = (2, 4)
+DEFAULT_LOOKUP_RECENT = 32  # finished requests whose outputs a lookup also searches
 
 
 def _dashes_to_underscores(value: Any) -> Any:
@@ -54,10 +55,11 @@ def _check_adaptive(value: Any) -> None:
         raise ValueError(f"idlm: {error}") from None
 
 
-def _lookup_ngram(value: Any) -> tuple[int, int] | None:
-    """The n-gram lengths a lookup matches (None: no lookup)."""
+def _lookup(value: Any) -> tuple[int, int, int] | None:
+    """The n-gram lengths a lookup matches and the finished requests whose outputs it also
+    searches (None: no lookup)."""
     if value is None or value is True:
-        return DEFAULT_LOOKUP_NGRAM
+        return (*DEFAULT_LOOKUP_NGRAM, DEFAULT_LOOKUP_RECENT)
     if value is False:
         return None
     if not isinstance(value, dict) or set(value) - LOOKUP_KEYS:
@@ -74,7 +76,10 @@ def _lookup_ngram(value: Any) -> tuple[int, int] | None:
             )
     if low > high:
         raise ValueError(f"idlm: lookup min_ngram {low} is larger than max_ngram {high}")
-    return low, high
+    recent = value.get("recent", DEFAULT_LOOKUP_RECENT)
+    if isinstance(recent, bool) or not isinstance(recent, int) or recent < 0:
+        raise ValueError(f"idlm: lookup recent must be an integer >= 0, got {recent!r}")
+    return low, high, recent
 
 
 @dataclass(frozen=True)
@@ -93,8 +98,9 @@ class IsdOptions:
         (`ADAPTIVE_KEYS`): `margin`, `min_dwell`, `probe_every`, and `step_ms` with `row_ms`,
         which pin the step cost (step_ms + row_ms per query row) so that the K chosen follows
         acceptance alone, not this machine's timings (what tests and reproducible runs need).
-    lookup: the n-gram lengths (min, max) of the lookup draft source (`engine.lookup`), or
-        None for no lookup (the user's `"lookup": false`).
+    lookup: the lookup draft source (`engine.lookup`): (min_ngram, max_ngram[, recent]), the
+        n-gram lengths it matches and how many finished requests' outputs it searches besides
+        the request's own text (0 or absent: none); None for no lookup (`"lookup": false`).
     ks: the K values the checkpoint was trained for (resolved at startup from its strides N).
     mask_token_id: resolved from the checkpoint (or the adapter) at startup.
     passthrough: vLLM speculative-config keys forwarded unchanged.
@@ -104,7 +110,7 @@ class IsdOptions:
     draft_lora: str | None = None
     uniform_query_len: bool = False
     adaptive: bool | dict[str, Any] | None = None
-    lookup: tuple[int, int] | None = DEFAULT_LOOKUP_NGRAM
+    lookup: tuple[int, ...] | None = (*DEFAULT_LOOKUP_NGRAM, DEFAULT_LOOKUP_RECENT)
     mask_token_id: int | None = None
     ks: tuple[int, ...] = ()
     passthrough: dict[str, Any] = field(default_factory=dict)
@@ -144,7 +150,11 @@ class IsdOptions:
 
     @property
     def lookup_ngram(self) -> tuple[int, int]:
-        return self.lookup or DEFAULT_LOOKUP_NGRAM
+        return tuple(self.lookup[:2]) if self.lookup else DEFAULT_LOOKUP_NGRAM
+
+    @property
+    def lookup_recent(self) -> int:
+        return self.lookup[2] if self.lookup and len(self.lookup) > 2 else 0
 
     @property
     def num_slots(self) -> int:
@@ -174,7 +184,7 @@ class IsdOptions:
             draft_lora=spec.get("draft_lora"),
             uniform_query_len=bool(spec.get("uniform_query_len", False)),
             adaptive=_dashes_to_underscores(spec.get("adaptive")),
-            lookup=_lookup_ngram(_dashes_to_underscores(spec.get("lookup"))),
+            lookup=_lookup(_dashes_to_underscores(spec.get("lookup"))),
             passthrough={k: spec[k] for k in _PASSTHROUGH_KEYS if k in spec},
         )
 

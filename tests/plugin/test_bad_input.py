@@ -67,6 +67,10 @@ from vllm_idlm.config import IsdOptions
             "lookup min_ngram 5 is larger than max_ngram 3",
         ),
         (
+            {"method": "idlm", "num_speculative_tokens": 2, "lookup": {"recent": -1}},
+            "lookup recent must be an integer >= 0",
+        ),
+        (
             {
                 "method": "idlm",
                 "num_speculative_tokens": 2,

@@ -97,16 +97,41 @@ def test_a_cold_start_takes_the_lookups_continuation_where_the_text_repeats():
     assert "b" not in p.state.proposed
 
 
-def test_a_lookup_stays_within_the_strides_slots():
-    """K = 3, the step's stride 1 (2 slots: the 3 query rows the policy priced): the lookup
-    proposes one token and one MASK slot follows; at stride 2, three tokens and one MASK."""
+def test_a_lookup_runs_to_2k_minus_1_tokens_whatever_the_stride():
+    """K = 3: the lookup's continuation takes up to 5 of the 6 slots vLLM holds at any stride;
+    the stride's MASK slots follow, as many as fit (m = min(k, 2K - n))."""
     p = proposer(lookup=(2, 4), req_ids="a")
     lengths, ids = batch_tokens([1, 2, 3, 4, 5, 6, 7, 8, 1, 2])
     p.state.policy.fixed = 1
-    assert p.propose([[2]], lengths, ids) == [[3, MASK]]
-    p.state.policy.fixed = 2
-    assert p.propose([[2]], lengths, ids) == [[3, 4, 5, MASK]]
-    assert p.state.proposed["a"].num_lookup == 3
+    assert p.propose([[2]], lengths, ids) == [[3, 4, 5, 6, 7, MASK]]
+    assert p.state.proposed["a"].num_lookup == 5
+    lengths, ids = batch_tokens([1, 2, 3, 1, 2])  # "1 2" -> "3 1 2", the text's end
+    assert p.propose([[2]], lengths, ids) == [[3, 1, 2, MASK]]
+    p.state.policy.fixed = 3
+    assert p.propose([[2]], lengths, ids) == [[3, 1, 2, MASK, MASK, MASK]]
+    p.state.policy.fixed = 0  # plain decoding: no lookup either
+    assert p.propose([[2]], lengths, ids) == [[]]
+
+
+def test_where_its_own_text_has_no_match_a_lookup_searches_recent_outputs():
+    """A finished request's output "5 6 7 8 .. 12" is remembered: b's own text ends in "6 7",
+    which it never wrote before, so its lookup continues from the remembered output; a seeded
+    random request's does not (its tokens must repeat per seed whatever ran before it), a
+    seeded greedy one's does."""
+    kinds = {
+        "a": SimpleNamespace(structured_outputs=None, seed=None, temperature=1.0),
+        "b": SimpleNamespace(structured_outputs=None, seed=3, temperature=1.0),
+        "c": SimpleNamespace(structured_outputs=None, seed=3, temperature=0.0),
+    }
+    p = proposer(lookup=(2, 4, 8), params=kinds)
+    lengths, ids = batch_tokens([1, 6, 7], [1, 6, 7], [1, 6, 7])
+    assert p.propose([[7]] * 3, lengths, ids) == [[MASK] * 3] * 3  # nothing remembered yet
+    p.remember([5, 6, 7, 8, 9, 10, 11, 12, -1])
+    out = p.propose([[7]] * 3, lengths, ids)
+    assert out == [[8, 9, 10, 11, 12, MASK], [MASK] * 3, [8, 9, 10, 11, 12, MASK]]
+    own = proposer(lookup=(2, 4), params=kinds)  # recent 0: its own text only
+    own.remember([5, 6, 7, 8, 9, 10, 11, 12])
+    assert own.propose([[7]] * 3, lengths, ids) == [[MASK] * 3] * 3
 
 
 def test_where_the_lookup_leads_the_mask_rows_drafts_follow_it():

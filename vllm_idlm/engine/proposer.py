@@ -4,12 +4,13 @@ It runs no model: the MASK rows of the step just verified already made their dra
 `engine.sampler`). Per request at k drafts (K, or the stride policy's choice for this step) it
 submits `[d_0 .. d_{n-1}, MASK x m]`: the drafts are the MASK rows' (all of them, n <= K, also
 past k: a probe's extra draft, or those in hand when k drops, cost only their rows)
-and m = k MASK slots; or a lookup's in the request's own text (`engine.lookup`) followed by the
-MASK rows' drafts for the positions after it, where the policy prefers the lookup, or the
-lookup's alone after a rejection, where the MASK rows have nothing (a cold start is then
-`[MASK x k]`). A lookup stays within the 2k slots (the 1 + 2k query rows the policy priced):
-its continuation may run to 2k - 1 tokens, taking the places of MASK slots (m = min(k, 2k - n)).
-At k = 0 the request decodes plainly: no lookup, no MASK slot.
+and m = k MASK slots; or a lookup's (`engine.lookup`: in the request's own text, else in recent
+outputs) followed by the MASK rows' drafts for the positions after it, where the policy prefers
+the lookup, or the lookup's alone after a rejection, where the MASK rows have nothing (a cold
+start is then `[MASK x k]`). A lookup's continuation may run to 2K - 1 tokens whatever k (a
+match is a strong hint, and at small batches a row costs little beside the step), taking the
+places of MASK slots within the 2K slots vLLM holds (m = min(k, 2K - n)). At k = 0 the request
+decodes plainly: no lookup, no MASK slot.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class IsdProposer:
             model_config = getattr(vllm_config, "model_config", None)
             max_model_len = getattr(model_config, "max_model_len", 1 << 30)
             low, high = self.options.lookup_ngram
-            self.lookup = Lookup(low, high, max_model_len)
+            self.lookup = Lookup(low, high, max_model_len, self.options.lookup_recent)
         self._runner: RunnerView | None = None
 
     def bind_runner(self, runner: RunnerView) -> None:
@@ -83,6 +84,20 @@ class IsdProposer:
             return True
         return getattr(params, "seed", None) is None or params.temperature < 1e-5
 
+    @staticmethod
+    def _shares_lookup(params: Any) -> bool:
+        """Whether the request's lookup may search other requests' outputs: not for a seeded
+        random request, whose tokens must repeat per seed whatever else runs (the drafts a
+        sample is verified against change which of its exact draws it makes)."""
+        if params is None or getattr(params, "seed", None) is None:
+            return True
+        return params.temperature < 1e-5
+
+    def remember(self, output_ids: list[int]) -> None:
+        """A finished request's output, for the lookups of the requests after it."""
+        if self.lookup is not None:
+            self.lookup.remember(output_ids)
+
     def propose(
         self,
         sampled_token_ids: list[list[int]],
@@ -98,6 +113,7 @@ class IsdProposer:
         ]
         self._score(req_ids, sampled_token_ids)
         k = policy.choose([r for r, d in zip(req_ids, drafting, strict=True) if d], len(req_ids))
+        room = 2 * self.options.num_drafts - 1  # a lookup's most tokens: all slots but a MASK
         proposals: list[list[int]] = []
         for i, (req_id, drafts_on) in enumerate(zip(req_ids, drafting, strict=True)):
             made, probs = state.pending.pop(req_id, ([], None))
@@ -108,7 +124,8 @@ class IsdProposer:
             lookup = []
             if self.lookup is not None and k and token_ids_cpu is not None:
                 tokens = token_ids_cpu[i, : num_tokens_no_spec[i]]
-                lookup = self.lookup.propose(tokens, 2 * k - 1)
+                shared = self._shares_lookup(self._params(req_id))
+                lookup = self.lookup.propose(tokens, room, shared)
                 state.offered[req_id] = (lookup[0] if lookup else None, made[0] if made else None)
             if lookup and made and not policy.prefers_lookup(req_id):
                 lookup = []
@@ -118,9 +135,9 @@ class IsdProposer:
             # without the lookup's tokens: any q~ the draft was drawn from verifies exactly).
             drafts = lookup + made[len(lookup) :]
             masks = k
-            if lookup:  # within the step's 2k slots: a long lookup takes MASK slots' places
-                drafts = drafts[: 2 * k - 1]
-                masks = min(k, 2 * k - len(drafts))
+            if lookup:  # within the 2K slots: a long lookup takes MASK slots' places
+                drafts = drafts[:room]
+                masks = min(k, room + 1 - len(drafts))
             if drafts:
                 rest = probs[len(lookup) : len(drafts)] if probs is not None else None
                 state.proposed[req_id] = Proposal(tuple(drafts), len(lookup), rest)

@@ -52,11 +52,14 @@ def input_fits_in_drafter(original, self, common_attn_metadata) -> bool:
 
 
 def update_states(original, self, scheduler_output):
-    drafter = isd_of(RunnerView.of(self))
+    view = RunnerView.of(self)
+    drafter = isd_of(view)
     if drafter is not None:
-        # Finished and aborted requests are gone; preempted ones lost their drafts
-        # (vLLM clears them) and so did resumed ones.
+        # Finished and aborted requests are gone (their outputs kept for later lookups);
+        # preempted ones lost their drafts (vLLM clears them) and so did resumed ones.
         resumed = scheduler_output.scheduled_cached_reqs.resumed_req_ids
+        for req_id in scheduler_output.finished_req_ids:
+            drafter.remember(view.output_token_ids(req_id))
         drafter.state.finish(scheduler_output.finished_req_ids)
         drafter.state.forget(scheduler_output.preempted_req_ids or ())
         drafter.state.forget(resumed or ())

@@ -46,6 +46,11 @@ class RunnerView:
         request = self._runner.requests.get(req_id)
         return getattr(request, "sampling_params", None)
 
+    def output_token_ids(self, req_id: str) -> list[int]:
+        """The tokens the request has emitted ([] for a request the runner does not hold)."""
+        request = self._runner.requests.get(req_id)
+        return list(getattr(request, "output_token_ids", ()))
+
     def scheduled_slots(self, num_reqs: int) -> list[list[int]]:
         """The draft slots scheduled for each request of the batch (host copies)."""
         spec_token_ids = self._runner.input_batch.spec_token_ids
