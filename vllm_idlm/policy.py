@@ -229,6 +229,11 @@ class StridePolicy:
         state = self._request(req_id)
         return state.lookup_first > state.mask_first
 
+    def trusts_lookup(self, req_id: str) -> bool:
+        """Whether the request's lookup has been right at least half the time (at K = 0 it
+        drafts alone, and a draft row must pay for itself)."""
+        return self._request(req_id).lookup_first >= 0.5
+
     def expected_tokens(self, req_ids: Sequence[str]) -> list[float]:
         """Expected tokens per forward of the requests together, at each choice of k (one pass
         over each request's positions: `tokens_per_forward` for every k at once)."""

@@ -109,8 +109,20 @@ def test_a_lookup_runs_to_2k_minus_1_tokens_whatever_the_stride():
     assert p.propose([[2]], lengths, ids) == [[3, 1, 2, MASK]]
     p.state.policy.fixed = 3
     assert p.propose([[2]], lengths, ids) == [[3, 1, 2, MASK, MASK, MASK]]
-    p.state.policy.fixed = 0  # plain decoding: no lookup either
-    assert p.propose([[2]], lengths, ids) == [[]]
+
+
+def test_at_k_0_only_a_lookup_that_has_been_right_drafts():
+    """K = 0 (plain decoding for the batch): a request whose lookup's first token has matched
+    the emitted one at least half the time takes its continuation alone, no MASK slot; one
+    whose lookup has mostly missed decodes plainly."""
+    p = proposer(lookup=(2, 4), req_ids="ab")
+    p.state.policy.fixed = 0
+    lengths, ids = batch_tokens([1, 2, 3, 1, 2], [1, 2, 3, 1, 2])
+    for _ in range(3):
+        p.state.policy.score_sources("a", lookup_first=3, mask_first=None, emitted=3)
+        p.state.policy.score_sources("b", lookup_first=3, mask_first=None, emitted=4)
+    assert p.propose([[2], [2]], lengths, ids) == [[3, 1, 2], []]
+    assert p.state.proposed["a"] == Proposal((3, 1, 2), 3, None)
 
 
 def test_where_its_own_text_has_no_match_a_lookup_searches_recent_outputs():

@@ -321,6 +321,8 @@ def test_preemption_and_resumption_stay_exact(plain, pressured, heldout_prompts,
     # The lookup's offer and the policy's estimates: at most the settling request's own (its
     # end reaches the worker with the next step).
     assert state["offered_drafts"] <= 1 and state["tracked_requests"] <= 1
+    # The lookups searched the finished requests' outputs (the last 32), greedy output exact.
+    assert state["lookup_outputs"] == 32
 
 
 def test_chunked_prefill_of_prompts_longer_than_the_token_budget(

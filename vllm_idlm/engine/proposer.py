@@ -122,7 +122,11 @@ class IsdProposer:
                 proposals.append([])
                 continue
             lookup = []
-            if self.lookup is not None and k and token_ids_cpu is not None:
+            # At k = 0 (plain decoding for the batch) a request still takes a lookup's drafts
+            # where its lookup has been right at least half the time (no MASK slot, no MASK row
+            # for the adapter to run over: vLLM's ngram method, within ISD).
+            looks = k or policy.trusts_lookup(req_id)
+            if self.lookup is not None and looks and token_ids_cpu is not None:
                 tokens = token_ids_cpu[i, : num_tokens_no_spec[i]]
                 shared = self._shares_lookup(self._params(req_id))
                 lookup = self.lookup.propose(tokens, room, shared)

@@ -173,6 +173,8 @@ def idlm_state(wrapper) -> dict | None:
         "num_cold_starts": state.num_cold_starts,
         "num_unverifiable": state.num_unverifiable,
         "num_plain_steps": state.num_plain_steps,
+        # finished requests' outputs the lookups search (`engine.lookup`)
+        "lookup_outputs": len(drafter.lookup.recent) if drafter.lookup is not None else 0,
         "sources": dict(
             zip(
                 ("lookup_drafts", "lookup_accepted", "mask_drafts", "mask_accepted"),
