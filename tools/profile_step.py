@@ -1,8 +1,8 @@
 """Where one engine step's time goes: plain decoding vs ISD, cProfile over an in-process engine.
 
-python benchmarks/profile_step.py --models ~/.cache/vllm-idlm/demo --k 3
-python benchmarks/profile_step.py --models ~/.cache/vllm-idlm/demo --k 1 --c 64   # under load
-python benchmarks/profile_step.py --zero-draft --c 64 --prompts 64   # ISD engine, no drafts
+python tools/profile_step.py --models ~/.cache/vllm-idlm/demo --k 3
+python tools/profile_step.py --models ~/.cache/vllm-idlm/demo --k 1 --c 64   # under load
+python tools/profile_step.py --zero-draft --c 64 --prompts 64   # ISD engine, no drafts
 
 `--c` requests are decoded together (64 prompts by default then); one at a time by default.
 """

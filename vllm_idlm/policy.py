@@ -3,18 +3,20 @@ and each request's draft source.
 
 vLLM-free. In one paragraph: each step the batch takes the K (0 is plain decoding, or K = N - 1
 for one of the strides N the checkpoint was trained for) that maximises the expected tokens per
-second, sum_i tokens_i(K) / t(B, K), where t(B, K) is what a step of B requests at K costs (`StepTimes`: timed on dummy steps at engine start, or pinned by the user, plus what the
-engine spends around a step, learnt from the real steps of each band of batch sizes) and tokens_i(K) follows request i's
-acceptance per position (`tokens_per_forward`; moving averages of its verdicts, started from
-the engine-wide ones). A new K is taken only when it is expected to beat the current one by
-`margin`, and not before the current one was held `min_dwell` steps (unless its cost at this
-batch size was a guess: then as soon as a step of it was timed); an engine starts plain. Positions beyond K get no
-verdicts, so every `probe_every` steps the batch drafts one position more for one step (the
-interval doubles, up to 16 times, while probes change nothing). Per request, drafts come from
-the MASK rows of the last step, or from a lookup in the request's own text where that matched
-and its first token has agreed with the emitted text more often than the MASK rows' first
-draft has (both are scored on every step both exist), and always after a rejection, where
-the MASK rows have nothing to offer. Exactness does not depend on any of this: whatever is
+second, sum_i tokens_i(K) / t(B, K), where t(B, K) is what a step of B requests at K costs
+(`StepTimes`: timed on dummy steps at engine start, or pinned by the user, plus what the engine
+spends around a step, learnt from the real steps of each band of batch sizes) and tokens_i(K)
+follows request i's acceptance per position (`tokens_per_forward`; moving averages of its
+verdicts, started from the engine-wide ones). A new K is taken only when it is expected to beat
+the current one by `margin`, and not before the current one was held `min_dwell` steps (unless
+its cost at this batch size was a guess: then as soon as a step of it was timed); an engine
+starts plain. Positions beyond K get no verdicts, so every `probe_every` steps the batch drafts
+one position more for one step (the interval doubles, up to 16 times, while probes change
+nothing). Per request, drafts come from the MASK rows of the last step, or from a lookup
+(`engine.lookup`) where that matched and its first token has agreed with the emitted text more
+often than the MASK rows' first draft has (both are scored on every step both exist), and
+always after a rejection, where the MASK rows have nothing to offer; at K = 0, where its lookup
+has been right more often than a query row costs (`lookup_bar`). Exactness does not depend on any of this: whatever is
 drafted is verified exactly.
 """
 
@@ -229,10 +231,16 @@ class StridePolicy:
         state = self._request(req_id)
         return state.lookup_first > state.mask_first
 
-    def trusts_lookup(self, req_id: str) -> bool:
-        """Whether the request's lookup has been right at least half the time (at K = 0 it
-        drafts alone, and a draft row must pay for itself)."""
-        return self._request(req_id).lookup_first >= 0.5
+    def lookup_bar(self, batch: int) -> float:
+        """At K = 0, how often a request's lookup must have been right for its drafts to pay
+        for their rows: the cost of a query row relative to a plain step of `batch` requests
+        (per request), from the step times at the largest K (a few hundredths at one request
+        on this CPU, about a half once the forward is compute-bound)."""
+        extra = self.times(batch, self.max_k) / self.times(batch, 0) - 1.0
+        return max(extra, 0.0) / (2 * self.max_k)
+
+    def lookup_pays(self, req_id: str, bar: float) -> bool:
+        return self._request(req_id).lookup_first > bar
 
     def expected_tokens(self, req_ids: Sequence[str]) -> list[float]:
         """Expected tokens per forward of the requests together, at each choice of k (one pass

@@ -111,18 +111,20 @@ def test_a_lookup_runs_to_2k_minus_1_tokens_whatever_the_stride():
     assert p.propose([[2]], lengths, ids) == [[3, 1, 2, MASK, MASK, MASK]]
 
 
-def test_at_k_0_only_a_lookup_that_has_been_right_drafts():
-    """K = 0 (plain decoding for the batch): a request whose lookup's first token has matched
-    the emitted one at least half the time takes its continuation alone, no MASK slot; one
-    whose lookup has mostly missed decodes plainly."""
-    p = proposer(lookup=(2, 4), req_ids="ab")
+def test_at_k_0_a_lookup_drafts_alone_where_it_pays_for_its_rows():
+    """K = 0 (plain decoding for the batch; pinned step 10 ms, 0.1 ms a row: a row costs 2% of
+    the step of two requests): a request whose lookup's first token has matched the emitted
+    one takes its continuation alone, no MASK slot; one whose lookup has nearly always missed
+    decodes plainly (its lookup still scored)."""
+    p = proposer(lookup=(2, 4), adaptive={"step_ms": 10, "row_ms": 0.1}, req_ids="ab")
     p.state.policy.fixed = 0
     lengths, ids = batch_tokens([1, 2, 3, 1, 2], [1, 2, 3, 1, 2])
-    for _ in range(3):
+    for _ in range(20):
         p.state.policy.score_sources("a", lookup_first=3, mask_first=None, emitted=3)
         p.state.policy.score_sources("b", lookup_first=3, mask_first=None, emitted=4)
     assert p.propose([[2], [2]], lengths, ids) == [[3, 1, 2], []]
     assert p.state.proposed["a"] == Proposal((3, 1, 2), 3, None)
+    assert p.state.offered == {"a": (3, None), "b": (3, None)}
 
 
 def test_where_its_own_text_has_no_match_a_lookup_searches_recent_outputs():

@@ -2,9 +2,10 @@
 
 Two-sample chi-square homogeneity tests on the marginal distribution of generated
 tokens 3, 4 and 5 after fixed held-out prefixes (token 1 comes from prefill, where no draft
-is verified). Drafts come from MASK rows and from a lookup in the request's own text (point
-masses); the third prefix repeats a snippet, after which the lookup fires on most steps
-(about 5 lookup drafts per sample of 5 tokens, 40% accepted, on the demo I-DLM of 2026-12-07).
+is verified). Drafts come from MASK rows and from a lookup (point masses) in the request's own
+text and, the requests being unseeded, in the outputs of the samples that finished before it;
+the third prefix repeats a snippet, after which the lookup fires on most steps (about 5 lookup
+drafts per sample of 5 tokens, 40% accepted, on the demo I-DLM of 2026-12-07, own text only).
 Each test rejects at p < 1e-4; 2 ISD modes (fixed K, adaptive) x 4 sampling variants x
 3 positions x 3 prefixes = 72 tests, so the family-wise false-alarm rate is at most
 72e-4 = 0.72% (Bonferroni), and the engines are seeded, so a given build either passes or

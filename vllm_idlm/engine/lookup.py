@@ -30,7 +30,7 @@ class Lookup:
         self.max_ngram = max_ngram
         self.max_model_len = max_model_len
         self.recent: deque[np.ndarray] = deque(maxlen=recent)
-        self._corpus: np.ndarray | None = None  # the recent outputs, joined
+        self._corpus: np.ndarray | None = None
         # Compile the matcher now, not on a request's first step.
         self.propose(np.zeros(8, dtype=np.int32), 1)
 
@@ -52,7 +52,9 @@ class Lookup:
         found = _longest_match(tokens, self.min_ngram, self.max_ngram, 1 << 30, k)
         if found.shape[0] or not shared or not self.recent:
             return found.tolist()
-        if self._corpus is None:
-            self._corpus = np.concatenate(list(self.recent))
-        text = np.concatenate([self._corpus, tokens[-self.max_ngram :].astype(np.int32)])
+        tail = tokens[-self.max_ngram :]
+        if self._corpus is None:  # the recent outputs, then room for a request's last tokens
+            self._corpus = np.concatenate([*self.recent, np.zeros(self.max_ngram, np.int32)])
+        text = self._corpus[: self._corpus.shape[0] - self.max_ngram + tail.shape[0]]
+        text[-tail.shape[0] :] = tail
         return _longest_match(text, self.min_ngram, self.max_ngram, 1 << 30, k).tolist()

@@ -9,8 +9,9 @@ outputs) followed by the MASK rows' drafts for the positions after it, where the
 the lookup, or the lookup's alone after a rejection, where the MASK rows have nothing (a cold
 start is then `[MASK x k]`). A lookup's continuation may run to 2K - 1 tokens whatever k (a
 match is a strong hint, and at small batches a row costs little beside the step), taking the
-places of MASK slots within the 2K slots vLLM holds (m = min(k, 2K - n)). At k = 0 the request
-decodes plainly: no lookup, no MASK slot.
+places of MASK slots within the 2K slots vLLM holds (m = min(k, 2K - n)). At k = 0 there is
+no MASK slot: a request whose lookup has been right more often than a query row costs takes
+its continuation alone (vLLM's ngram method, within ISD); the others decode plainly.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ class IsdProposer:
         self._score(req_ids, sampled_token_ids)
         k = policy.choose([r for r, d in zip(req_ids, drafting, strict=True) if d], len(req_ids))
         room = 2 * self.options.num_drafts - 1  # a lookup's most tokens: all slots but a MASK
+        bar = policy.lookup_bar(len(req_ids)) if not k else 0.0
         proposals: list[list[int]] = []
         for i, (req_id, drafts_on) in enumerate(zip(req_ids, drafting, strict=True)):
             made, probs = state.pending.pop(req_id, ([], None))
@@ -122,15 +124,16 @@ class IsdProposer:
                 proposals.append([])
                 continue
             lookup = []
-            # At k = 0 (plain decoding for the batch) a request still takes a lookup's drafts
-            # where its lookup has been right at least half the time (no MASK slot, no MASK row
-            # for the adapter to run over: vLLM's ngram method, within ISD).
-            looks = k or policy.trusts_lookup(req_id)
-            if self.lookup is not None and looks and token_ids_cpu is not None:
+            if self.lookup is not None and token_ids_cpu is not None:
                 tokens = token_ids_cpu[i, : num_tokens_no_spec[i]]
                 shared = self._shares_lookup(self._params(req_id))
                 lookup = self.lookup.propose(tokens, room, shared)
                 state.offered[req_id] = (lookup[0] if lookup else None, made[0] if made else None)
+            # At k = 0 (plain decoding for the batch) a request takes a lookup's drafts alone
+            # where they pay for their rows (no MASK slot, no MASK row for the adapter: vLLM's
+            # ngram method, within ISD); scored either way.
+            if not k and lookup and not policy.lookup_pays(req_id, bar):
+                lookup = []
             if lookup and made and not policy.prefers_lookup(req_id):
                 lookup = []
             if not made and k and self.lookup is not None:
