@@ -112,11 +112,7 @@ def test_every_touch_names_a_test_that_exists_and_every_patch_code_that_exists()
         path = ROOT / "tests" / file
         assert path.is_file(), (touch.target, touch.test)
         if name:
-            defined = {
-                n.name
-                for n in ast.walk(parse(path))
-                if isinstance(n, ast.FunctionDef)
-            }
+            defined = {n.name for n in ast.walk(parse(path)) if isinstance(n, ast.FunctionDef)}
             assert name in defined, (touch.target, touch.test)
         if touch.kind in PATCH_KINDS:
             assert callable(patch.resolve(touch.by)), touch.by
