@@ -377,9 +377,11 @@ class IsdRejectionSampler(RejectionSampler):
             state.pending.pop(req_id, None)
             proposal = state.proposed.pop(req_id, None)
             if n:
-                if policy is not None:
-                    policy.observe(req_id, n, num_accepted[i])
                 lookup = proposal.num_lookup if proposal is not None else 0
+                # The stride is judged on the MASK rows' drafts alone: lookups draft at every
+                # K, 0 included, and are scored apart (`StridePolicy.score_sources`).
+                if policy is not None and not lookup:
+                    policy.observe(req_id, n, num_accepted[i])
                 counts.add(n, num_accepted[i], lookup)
             if m and plan.keeps_next_drafts[i] and num_accepted[i] == n:
                 drafts = next_ids[start : start + min(m, k)]
