@@ -5,6 +5,7 @@ often the plugin registers, and the release checker reports what moved."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -27,10 +28,8 @@ def parse(path: Path) -> ast.Module:
     (gh-106905): a background thread left by an earlier test that parses at the same moment
     makes it raise SystemError ("AST constructor recursion depth mismatch"); that is retried."""
     for _ in range(2):
-        try:
+        with contextlib.suppress(SystemError):
             return ast.parse(path.read_text())
-        except SystemError:
-            pass
     return ast.parse(path.read_text())
 
 

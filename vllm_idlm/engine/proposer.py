@@ -74,25 +74,22 @@ class IsdProposer:
     def _params(self, req_id: str) -> Any:
         return self._runner.sampling_params(req_id) if self._runner is not None else None
 
+    @staticmethod
+    def _seeded_random(params: Any) -> bool:
+        """A seeded random request: its tokens must repeat per seed whatever else runs, so
+        neither its K nor its drafts may follow the machine's timings or other requests (the
+        drafts a sample is verified against decide which of its exact draws it makes)."""
+        if params is None or getattr(params, "seed", None) is None:
+            return False
+        return params.temperature >= 1e-5
+
     def _drafts_for(self, params: Any) -> bool:
         """Whether the request drafts at all. Structured outputs do not: grammar validation
-        would strip MASK slots. Under the policy neither does a seeded random request: its
-        tokens must repeat per seed whatever the load, and the K the policy chooses follows the
-        machine's timings and the other requests (a fixed K drafts for it)."""
+        would strip MASK slots. Under the policy neither does a seeded random request (a fixed
+        K drafts for it)."""
         if params is not None and params.structured_outputs is not None:
             return False
-        if self.state.policy.fixed is not None or params is None:
-            return True
-        return getattr(params, "seed", None) is None or params.temperature < 1e-5
-
-    @staticmethod
-    def _shares_lookup(params: Any) -> bool:
-        """Whether the request's lookup may search other requests' outputs: not for a seeded
-        random request, whose tokens must repeat per seed whatever else runs (the drafts a
-        sample is verified against change which of its exact draws it makes)."""
-        if params is None or getattr(params, "seed", None) is None:
-            return True
-        return params.temperature < 1e-5
+        return self.state.policy.fixed is not None or not self._seeded_random(params)
 
     def remember(self, output_ids: list[int]) -> None:
         """A finished request's output, for the lookups of the requests after it."""
@@ -108,9 +105,10 @@ class IsdProposer:
     ) -> list[list[int]]:
         state, policy = self.state, self.state.policy
         req_ids = self._runner.req_ids
+        params = [self._params(r) for r in req_ids]
         drafting = [
-            bool(sampled) and self._drafts_for(self._params(r))
-            for r, sampled in zip(req_ids, sampled_token_ids, strict=True)
+            bool(sampled) and self._drafts_for(p)
+            for p, sampled in zip(params, sampled_token_ids, strict=True)
         ]
         self._score(req_ids, sampled_token_ids)
         k = policy.choose([r for r, d in zip(req_ids, drafting, strict=True) if d], len(req_ids))
@@ -126,7 +124,7 @@ class IsdProposer:
             lookup = []
             if self.lookup is not None and token_ids_cpu is not None:
                 tokens = token_ids_cpu[i, : num_tokens_no_spec[i]]
-                shared = self._shares_lookup(self._params(req_id))
+                shared = not self._seeded_random(params[i])  # other requests' outputs too
                 lookup = self.lookup.propose(tokens, room, shared)
                 state.offered[req_id] = (lookup[0] if lookup else None, made[0] if made else None)
             # At k = 0 (plain decoding for the batch) a request takes a lookup's drafts alone
