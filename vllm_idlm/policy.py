@@ -15,8 +15,8 @@ one position more for one step (the interval doubles, up to 16 times, while prob
 nothing). Per request, drafts come from the MASK rows of the last step, or from a lookup
 (`engine.lookup`) where that matched and its first token has agreed with the emitted text more
 often than the MASK rows' first draft has (both are scored on every step both exist), and
-always after a rejection, where the MASK rows have nothing to offer; at K = 0, where its lookup
-has been right more often than a query row costs (`lookup_bar`). Exactness does not depend on any of this: whatever is
+always after a rejection, where the MASK rows have nothing to offer; at K = 0, as many of its tokens as
+its record says pay for their query rows (`lookup_length`). Exactness does not depend on any of this: whatever is
 drafted is verified exactly.
 """
 
@@ -239,8 +239,16 @@ class StridePolicy:
         extra = self.times(batch, self.max_k) / self.times(batch, 0) - 1.0
         return max(extra, 0.0) / (2 * self.max_k)
 
-    def lookup_pays(self, req_id: str, bar: float) -> bool:
-        return self._request(req_id).lookup_first > bar
+    def lookup_length(self, req_id: str, bar: float, room: int) -> int:
+        """At K = 0, how many of a lookup's tokens (at most `room`) to draft: the j-th pays for
+        its row while the chance that the first j are all right, taken as lookup_first ** j,
+        is above `bar` (0: the request decodes plainly this step; D38)."""
+        right = self._request(req_id).lookup_first
+        length, chance = 0, right
+        while length < room and chance > bar:
+            length += 1
+            chance *= right
+        return length
 
     def expected_tokens(self, req_ids: Sequence[str]) -> list[float]:
         """Expected tokens per forward of the requests together, at each choice of k (one pass

@@ -120,10 +120,12 @@ def test_the_lookup_leads_where_its_first_token_was_right_more_often():
     assert p.requests["b"].mask_first > p.requests["b"].lookup_first
 
 
-def test_at_k_0_a_lookup_must_be_right_more_often_than_a_row_costs():
+def test_at_k_0_a_lookup_drafts_the_tokens_that_pay_for_their_rows():
     """Pinned 10 ms a step, 0.1 ms a query row, K up to 3 (6 extra rows a request): at one
     request a row costs 1% of the plain step, at 64 requests 0.1 * 64 / 16.4 = 39% of a
-    request's share of it. A lookup right 30% of the time pays at one request, not at 64."""
+    request's share of it. A lookup right 30% of the time pays for three rows at one request
+    (the first three all right: .3, .09, .027 > .0099; four: .0081), none at 64; one right
+    half the time pays for one row at 64 (.5 > .39 > .25)."""
     p = policy()
     assert p.lookup_bar(1) == pytest.approx(0.1 / 10.1)
     assert p.lookup_bar(64) == pytest.approx(6.4 / 16.4)
@@ -132,7 +134,12 @@ def test_at_k_0_a_lookup_must_be_right_more_often_than_a_row_costs():
         p.score_sources("a", lookup_first=7, mask_first=None, emitted=7)
         p.score_sources("a", lookup_first=7, mask_first=None, emitted=8)
     assert 0.2 < p.requests["a"].lookup_first < 0.35
-    assert p.lookup_pays("a", p.lookup_bar(1)) and not p.lookup_pays("a", p.lookup_bar(64))
+    p.requests["a"].lookup_first = 0.3
+    assert p.lookup_length("a", p.lookup_bar(1), 5) == 3
+    assert p.lookup_length("a", p.lookup_bar(1), 2) == 2
+    assert p.lookup_length("a", p.lookup_bar(64), 5) == 0
+    p.requests["a"].lookup_first = 0.5
+    assert p.lookup_length("a", p.lookup_bar(64), 5) == 1
 
 
 def test_cold_steps_a_lookup_fills_raise_the_expected_tokens():
