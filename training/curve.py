@@ -44,8 +44,8 @@ def load_snapshot(recipe: ChatRecipe, kind: str, base: Path, snapshot: Path):
     return model.eval(), tokenizer, mask_id
 
 
-def measure_point(model, tokenizer, mask_id: int, recipe_name: str, args) -> dict[str, Any]:
-    prompts = chat_prompts(tokenizer, recipe_name, args.prompts)
+def measure_point(model, tokenizer, mask_id: int, recipe: ChatRecipe, args) -> dict[str, Any]:
+    prompts = chat_prompts(tokenizer, recipe, args.prompts)
     result = measure(
         model,
         prompts,
@@ -96,7 +96,7 @@ def run_curve(recipe: ChatRecipe, out: Path, args) -> dict[str, Any]:
                 "train_minutes": round(meta["seconds"] / 60, 1),
                 "build_minutes": round((meta["seconds"] + rollout_seconds) / 60, 1),
                 "settings": settings,
-                "results": measure_point(model, tokenizer, mask_id, recipe.name, args),
+                "results": measure_point(model, tokenizer, mask_id, recipe, args),
             }
             path.write_text(json.dumps(curve, indent=2) + "\n")
             print(format_curve(curve), flush=True)

@@ -136,12 +136,15 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def chat_prompts(tokenizer, recipe_name: str, count: int) -> list[list[int]]:
-    """The first `count` held-out chat prompts of a chat recipe, as template-rendered ids."""
+def chat_prompts(tokenizer, recipe, count: int) -> list[list[int]]:
+    """The first `count` held-out chat prompts of a chat recipe (a `ChatRecipe`, or a preset
+    name or JSON path), as template-rendered ids."""
     from .chat_recipe import load_chat_recipe
     from .instructions import chat_prompt_ids, heldout_chat_prompts
 
-    conversations = heldout_chat_prompts(count, load_chat_recipe(recipe_name).instructions)
+    if isinstance(recipe, str):
+        recipe = load_chat_recipe(recipe)
+    conversations = heldout_chat_prompts(count, recipe.instructions)
     return chat_prompt_ids(tokenizer, conversations)
 
 
