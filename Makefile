@@ -56,7 +56,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 
 test: lint demo-models
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q --durations=30 tests
 
 clean:
 	rm -rf $(VENV)
