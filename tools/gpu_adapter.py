@@ -3,7 +3,7 @@
 The device machine has torch, transformers and peft but no vLLM, no network and a 64 MiB
 limit on what travels each call; files come back at most 16 MiB each. So:
 
-  here      python tools/gpu_adapter.py pack --recipe smollm2_lora --cache ~/.cache/vllm-idlm/smollm2
+  here      python tools/gpu_adapter.py pack --recipe smollm2_lora  (--cache: the build root)
             writes .gpu/ (ignored by git): the GGUF in parts of 56 MiB (.gpu/p0, .gpu/p1),
             the recipe's rollouts (built here first with `idlm-train build`) and the `gguf`
             reader's wheel.

@@ -128,8 +128,8 @@ class IsdProposer:
                 lookup = self.lookup.propose(tokens, room, shared)
                 state.offered[req_id] = (lookup[0] if lookup else None, made[0] if made else None)
             # At k = 0 (plain decoding for the batch) a request takes those of a lookup's
-            # drafts alone that pay for their rows (no MASK slot, no MASK row for the adapter: vLLM's
-            # ngram method, within ISD); scored either way.
+            # drafts alone that pay for their rows (no MASK slot, no MASK row for the adapter:
+            # vLLM's ngram method, within ISD); scored either way.
             if not k and lookup:
                 lookup = lookup[: policy.lookup_length(req_id, bar, len(lookup))]
             if lookup and made and not policy.prefers_lookup(req_id):
