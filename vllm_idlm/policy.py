@@ -8,8 +8,9 @@ second, sum_i tokens_i(K) / t(B, K), where t(B, K) is what a step of B requests 
 spends around a step, learnt from the real steps of each band of batch sizes) and tokens_i(K)
 follows request i's acceptance per position (`tokens_per_forward`; moving averages of the
 verdicts on its MASK-row drafts, started from the engine-wide ones). A new K is taken only when
-it is expected to beat the current one by `margin`, and not before the current one was held `min_dwell` steps (unless
-its cost at this batch size was a guess: then as soon as a step of it was timed); an engine
+it is expected to beat the current one by `margin`, and not before the current one was held
+`min_dwell` steps (unless its cost at this batch size was a guess: then as soon as a step of it
+was timed); an engine
 starts plain. Positions beyond K get no verdicts, so every `probe_every` steps the batch drafts
 one position more for one step (the interval doubles, up to 16 times, while probes change
 nothing). Per request, drafts come from the MASK rows of the last step, or from a lookup
