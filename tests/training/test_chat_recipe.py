@@ -33,6 +33,22 @@ def test_demo_lora_answers_are_the_long_recipes_first():
     assert stage_hashes(short)["rollouts"] != stage_hashes(long)["rollouts"]
 
 
+def test_the_study_recipes_train_on_the_demo_recipes_answers():
+    """Issue 54's variants (training/configs/study/) differ from the demo adapter's recipe in
+    how they train only: same base, prompts and rollouts, so their TPF compares training."""
+    from idlm_training.config import CONFIG_DIR
+
+    demo = stage_hashes(load_chat_recipe("smollm2_demo_lora"))
+    paths = sorted((CONFIG_DIR / "study").glob("*.json"))
+    assert len(paths) >= 3
+    for path in paths:
+        hashes = stage_hashes(load_chat_recipe(str(path)))
+        assert {k: hashes[k] for k in ("base", "prompts", "rollouts")} == {
+            k: demo[k] for k in ("base", "prompts", "rollouts")
+        }, path.name
+        assert hashes["lora"] != demo["lora"], f"{path.name} trains what the demo recipe trains"
+
+
 def test_engine_settings_are_not_hashed_but_answers_are():
     recipe = load_chat_recipe("smollm2_lora")
     hashes = stage_hashes(recipe)
