@@ -12,10 +12,10 @@ it is expected to beat the current one by `margin`, and not before the current o
 `min_dwell` steps (unless its cost at this batch size was a guess: then as soon as a step of it
 was timed); an engine starts plain. Positions beyond K get no verdicts, so every `probe_every`
 steps the batch drafts one position more for one step (the interval doubles, up to 16 times,
-while probes change nothing). Per request, drafts come from the MASK rows of the last step, or from a lookup
-(`engine.lookup`) where that matched and its first token has agreed with the emitted text more
-often than the MASK rows' first draft has (both are scored on every step both exist), and
-always after a rejection, where the MASK rows have nothing to offer; at K = 0, as many of its
+while probes change nothing). Per request, drafts come from the MASK rows of the last step, or
+from a lookup (`engine.lookup`) where that matched and its first token has agreed with the
+emitted text more often than the MASK rows' first draft has (both are scored on every step both
+exist), and always after a rejection, where the MASK rows have nothing to offer; at K = 0, as many of its
 tokens as its record says pay for their query rows (`lookup_length`). Exactness does not depend
 on any of this: whatever is drafted is verified exactly.
 """
