@@ -15,9 +15,9 @@ steps the batch drafts one position more for one step (the interval doubles, up 
 while probes change nothing). Per request, drafts come from the MASK rows of the last step, or
 from a lookup (`engine.lookup`) where that matched and its first token has agreed with the
 emitted text more often than the MASK rows' first draft has (both are scored on every step both
-exist), and always after a rejection, where the MASK rows have nothing to offer; at K = 0, as many of its
-tokens as its record says pay for their query rows (`lookup_length`). Exactness does not depend
-on any of this: whatever is drafted is verified exactly.
+exist), and always after a rejection, where the MASK rows have nothing to offer; at K = 0, as
+many of its tokens as its record says pay for their query rows (`lookup_length`). Exactness does
+not depend on any of this: whatever is drafted is verified exactly.
 """
 
 from __future__ import annotations
