@@ -120,8 +120,9 @@ def train(args) -> None:
     gguf = _join(list(PACK.glob("p*/gguf.*")), work / name)
     t0 = time.time()
     base = import_model(str(gguf), work / "base")
-    tcfg = dataclasses.replace(recipe.lora_train, steps=args.steps or recipe.lora_train.steps)
-    tcfg = dataclasses.replace(tcfg, warmup_steps=min(tcfg.warmup_steps, tcfg.steps // 4))
+    steps = args.steps or recipe.lora_train.steps
+    warmup = min(recipe.lora_train.warmup_steps, steps // 4)
+    tcfg = dataclasses.replace(recipe.lora_train, steps=steps, warmup_steps=warmup)
     ccfg = dataclasses.replace(recipe.convert, rollout_file=str(PACK / "rest" / "rollouts.jsonl"))
     print("device", torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
     t1 = time.time()
